@@ -1,0 +1,1 @@
+"""polymq conformance (not built yet: see the open issues)."""

@@ -1,0 +1,1 @@
+"""polymq nameserver (not built yet: see the open issues)."""

@@ -1,0 +1,1 @@
+"""polymq navigation (not built yet: see the open issues)."""

@@ -1,0 +1,1 @@
+"""polymq protocols (not built yet: see the open issues)."""

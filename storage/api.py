@@ -1,0 +1,231 @@
+"""The storage API: the one interface every protocol reaches storage through (via the
+gateway's processor), implemented by the embedded engine and, remotely, by the
+cluster client.
+
+Every argument and result is plain data from :mod:`storage.model` (or builtins), so
+the same calls can cross a network unchanged. Errors are the typed classes of
+:mod:`storage.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from storage.model import (
+    AppendRequest,
+    AppendResult,
+    CommittedOffset,
+    GroupConfig,
+    HalfMessage,
+    Message,
+    QueueOffsets,
+    QueueRef,
+    ReadResult,
+    StoredBatch,
+    StoredMessage,
+    TopicConfig,
+    TopicInfo,
+)
+
+__all__ = ["StorageAPI"]
+
+
+@runtime_checkable
+class StorageAPI(Protocol):
+    """Durable topics, queues, cursors and metadata.
+
+    Guarantees shared by every implementation:
+
+    * An append, ack, offset commit or metadata change that returned has survived a
+      crash of the process (``sync`` durability: also of the machine).
+    * Offsets in a queue are dense and start at 0; a message becomes readable only
+      once it is durable, so a reader never sees a message that a crash takes back.
+    * Long polls (``wait_ms``) return as soon as data is there, or empty at the end.
+    """
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    # -- namespaces ----------------------------------------------------------------
+
+    async def create_namespace(self, namespace: str) -> None: ...
+
+    async def delete_namespace(self, namespace: str) -> None:
+        """Delete an empty namespace (no topics)."""
+        ...
+
+    async def list_namespaces(self) -> list[str]: ...
+
+    # -- topics and queues ---------------------------------------------------------
+
+    async def create_topic(
+        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+    ) -> TopicInfo: ...
+
+    async def alter_topic(self, namespace: str, topic: str, config: TopicConfig) -> TopicInfo:
+        """Replace a topic's config; ``queue_count`` may only grow (Kafka's rule:
+        shrinking would drop data)."""
+        ...
+
+    async def delete_topic(self, namespace: str, topic: str) -> None: ...
+
+    async def list_topics(self, namespace: str) -> list[TopicInfo]: ...
+
+    async def describe_topic(self, namespace: str, topic: str) -> TopicInfo: ...
+
+    async def queue_offsets(self, queue: QueueRef) -> QueueOffsets: ...
+
+    async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
+        """The first offset stored at or after ``timestamp_ms``; ``latest`` if none."""
+        ...
+
+    # -- append --------------------------------------------------------------------
+
+    async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        """Store each request's entry once and index it into each of its queues.
+
+        All requests of one call share one group commit. A message with a future
+        ``delivery_time_ms`` gets its offsets when it becomes visible."""
+        ...
+
+    async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
+        """Recall a delayed message not yet visible. False if none is pending."""
+        ...
+
+    # -- reads (offset mode) -------------------------------------------------------
+
+    async def read(
+        self,
+        queue: QueueRef,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        max_bytes: int = 1 << 20,
+        wait_ms: int = 0,
+    ) -> ReadResult:
+        """Messages from ``offset`` on, one per offset (batch entries expanded).
+        Returns at least one message if any is there, even over ``max_bytes``."""
+        ...
+
+    async def read_batches(
+        self,
+        queue: QueueRef,
+        offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        wait_ms: int = 0,
+    ) -> list[StoredBatch]:
+        """Stored entries from the one holding ``offset`` on, as stored: a batch entry
+        comes back with its ``raw`` bytes and ``base_offset`` (which may be below
+        ``offset``, as a Kafka fetch returns the whole batch)."""
+        ...
+
+    async def commit_offset(
+        self, namespace: str, group: str, queue: QueueRef, offset: int, metadata: str = ""
+    ) -> None: ...
+
+    async def fetch_offset(
+        self, namespace: str, group: str, queue: QueueRef
+    ) -> CommittedOffset | None: ...
+
+    async def list_group_offsets(
+        self, namespace: str, group: str
+    ) -> dict[QueueRef, CommittedOffset]: ...
+
+    async def delete_group_offsets(
+        self, namespace: str, group: str, queues: Sequence[QueueRef] | None = None
+    ) -> None: ...
+
+    async def list_groups(self, namespace: str) -> list[str]:
+        """Groups with committed offsets, pop state or a config."""
+        ...
+
+    # -- pop mode (queue semantics) ------------------------------------------------
+
+    async def set_group_config(self, namespace: str, group: str, config: GroupConfig) -> None: ...
+
+    async def get_group_config(self, namespace: str, group: str) -> GroupConfig: ...
+
+    async def pop(
+        self,
+        namespace: str,
+        group: str,
+        queues: Sequence[QueueRef],
+        *,
+        max_messages: int = 1,
+        invisible_ms: int = 30_000,
+        wait_ms: int = 0,
+        tags: frozenset[str] | None = None,
+    ) -> list[StoredMessage]:
+        """Hand out up to ``max_messages`` visible messages, each invisible to the
+        group for ``invisible_ms`` unless acked. Redeliveries come first. Messages
+        whose tag is not in ``tags`` (when given) are consumed silently for this
+        group, as RocketMQ's tag filter does."""
+        ...
+
+    async def ack(self, namespace: str, group: str, receipt: str) -> None:
+        """Remove a popped message for the group. Raises ``InvalidReceipt`` if the
+        receipt is stale (acked already, or handed out again since)."""
+        ...
+
+    async def change_invisibility(
+        self, namespace: str, group: str, receipt: str, invisible_ms: int
+    ) -> StoredMessage:
+        """Make a popped message visible again ``invisible_ms`` from now (0: now, a
+        nack). Returns it with its new receipt; the old receipt becomes stale."""
+        ...
+
+    async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
+        """Messages handed out to the group and not yet acked."""
+        ...
+
+    async def pending_count(self, namespace: str, group: str, queue: QueueRef) -> int:
+        """Messages of the queue not yet acked by the group (visible or not)."""
+        ...
+
+    # -- transactions --------------------------------------------------------------
+
+    async def append_half(
+        self, request: AppendRequest, *, producer_group: str | None = None
+    ) -> HalfMessage:
+        """Store a transactional half message: durable, invisible until commit."""
+        ...
+
+    async def end_transaction(
+        self, namespace: str, transaction_id: str, *, commit: bool
+    ) -> AppendResult | None:
+        """Commit (the message gets offsets, as an append) or roll back (``None``)."""
+        ...
+
+    async def list_undecided(
+        self, namespace: str | None = None, *, older_than_ms: int = 0
+    ) -> list[HalfMessage]: ...
+
+    # -- keyed latest value (MQTT retained, compaction) ----------------------------
+
+    async def put_latest(
+        self, namespace: str, topic: str, key: bytes, message: Message | None
+    ) -> None:
+        """Set (or with ``None`` clear) the latest message for ``key`` in ``topic``.
+        Topic here is any name: it need not be a created topic."""
+        ...
+
+    async def get_latest(self, namespace: str, topic: str, key: bytes) -> Message | None: ...
+
+    async def list_latest(self, namespace: str, topic: str) -> list[tuple[bytes, Message]]: ...
+
+    # -- metadata for protocols (exchanges, bindings, sessions, accounts) ----------
+
+    async def meta_put(self, namespace: str, kind: str, name: str, value: Any) -> None:
+        """Durably store a JSON-compatible value under (namespace, kind, name)."""
+        ...
+
+    async def meta_get(self, namespace: str, kind: str, name: str) -> Any | None: ...
+
+    async def meta_delete(self, namespace: str, kind: str, name: str) -> bool: ...
+
+    async def meta_list(self, namespace: str, kind: str) -> dict[str, Any]: ...

@@ -1,0 +1,1592 @@
+"""The embedded storage engine: the default implementation of :class:`StorageAPI`.
+
+Layout of the data directory::
+
+    commitlog/<position>.log   every change, framed and checksummed (commit_log.py)
+    index/<topic>-<queue>.idx  per-queue offset index, persisted at checkpoints
+    checkpoint.json            all other state at one log position (snapshot.py)
+    node_id                    this node's id, part of every message id
+
+How state stays correct across a crash: every change is first a commit-log record.
+The in-memory state is the checkpoint plus the log replayed from the checkpoint's
+position. A checkpoint is taken with writes briefly held at a gate, once everything
+reserved is durable, so it describes exactly the state at its position. Readers see a
+message only after its record is durable, so no crash can take back what a reader saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import heapq
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import crc32c
+
+from storage.clock import Clock, SystemClock
+from storage.engine import records as rec
+from storage.engine.commit_log import HEADER_SIZE, CommitLog
+from storage.engine.config import Durability, EngineConfig
+from storage.engine.ids import MessageIds, decode_receipt, encode_receipt, load_node_id
+from storage.engine.pop_state import Inflight, PopCursor
+from storage.engine.queue_index import (
+    ENTRY_SIZE,
+    IndexEntry,
+    QueueIndex,
+    load_index_file,
+    write_index_file,
+)
+from storage.engine.snapshot import read_snapshot, write_snapshot
+from storage.errors import (
+    InvalidArgument,
+    InvalidReceipt,
+    MessageTooLarge,
+    NamespaceAlreadyExists,
+    NamespaceNotFound,
+    OffsetOutOfRange,
+    QueueNotFound,
+    StorageClosed,
+    TopicAlreadyExists,
+    TopicNotFound,
+    TransactionNotFound,
+)
+from storage.model import (
+    DEFAULT_NAMESPACE,
+    AppendRequest,
+    AppendResult,
+    BatchEntry,
+    CommittedOffset,
+    GroupConfig,
+    HalfMessage,
+    Message,
+    MessageType,
+    Placement,
+    QueueOffsets,
+    QueueRef,
+    ReadResult,
+    StoredBatch,
+    StoredMessage,
+    TopicConfig,
+    TopicInfo,
+)
+from storage.names import check_name
+
+__all__ = ["Engine"]
+
+log = logging.getLogger(__name__)
+
+_FIFO_SCAN_LIMIT = 4096  # offsets a FIFO pop looks ahead past blocked message groups
+_DECODED_CACHE = 256  # decoded batch entries kept for message-by-message reads
+_MAX_QUEUES = 65_536
+_DLQ_PREFIX = "%DLQ%"
+
+_QueueKey = tuple[int, int]  # (topic id, queue id)
+_GroupKey = tuple[str, str]  # (namespace, group)
+
+
+def _hash(text: str | None) -> int:
+    """Non-zero 32-bit hash of a tag or message group; 0 means none."""
+    if text is None:
+        return 0
+    return crc32c.crc32c(text.encode()) or 1
+
+
+@dataclass(slots=True)
+class _Topic:
+    id: int
+    namespace: str
+    name: str
+    config: TopicConfig
+    created_ms: int
+    modified_ms: int
+    queues: list[QueueIndex]
+
+
+@dataclass(slots=True)
+class _Held:
+    """A stored message not yet in any queue: delayed, or a transaction half."""
+
+    position: int
+    size: int
+    namespace: str
+    record: rec.MessageRecord
+
+    @property
+    def is_half(self) -> bool:
+        return bool(self.record.flags & rec.MESSAGE_HALF)
+
+
+def _config_to_json(config: TopicConfig | GroupConfig) -> dict[str, Any]:
+    return asdict(config)
+
+
+def _topic_config(data: dict[str, Any]) -> TopicConfig:
+    return TopicConfig(**{**data, "message_type": MessageType(data["message_type"])})
+
+
+class Engine:
+    """The embedded engine. Use as ``async with Engine(config) as engine:``."""
+
+    def __init__(self, config: EngineConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self._dir = Path(config.data_dir)
+        self._index_dir = self._dir / "index"
+        self._log = CommitLog(
+            self._dir / "commitlog",
+            segment_bytes=config.segment_bytes,
+            durability=config.durability,
+            flush_interval_ms=config.flush_interval_ms,
+        )
+        self._namespaces: dict[str, int] = {}
+        self._topics: dict[tuple[str, str], _Topic] = {}
+        self._topics_by_id: dict[int, _Topic] = {}
+        self._next_topic_id = 1
+        self._dead_topic_ids: set[int] = set()
+        self._group_configs: dict[_GroupKey, GroupConfig] = {}
+        self._offsets: dict[_GroupKey, dict[_QueueKey, CommittedOffset]] = {}
+        self._cursors: dict[_GroupKey, dict[_QueueKey, PopCursor]] = {}
+        self._held: dict[int, _Held] = {}
+        self._held_by_id: dict[tuple[str, str], int] = {}
+        self._due: list[tuple[int, int]] = []  # (due ms, position) of delayed messages
+        self._latest: dict[tuple[str, str], dict[bytes, bytes]] = {}
+        self._kv: dict[tuple[str, str], dict[str, Any]] = {}
+        self._pop_seq = 0
+        self._rotation = 0
+        self._decoded: OrderedDict[int, rec.MessageRecord] = OrderedDict()
+        self._ids: MessageIds | None = None
+        self._gate = asyncio.Event()
+        self._gate.set()
+        self._maintenance_lock = asyncio.Lock()
+        self._checkpoint_position = 0
+        self._due_changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._dir.mkdir(parents=True, exist_ok=True)
+        self._index_dir.mkdir(exist_ok=True)
+        self._ids = MessageIds(load_node_id(self._dir))
+        snapshot = read_snapshot(self._dir)
+        position = 0
+        if snapshot is not None:
+            position = int(snapshot["position"])
+            self._load_snapshot(snapshot)
+        self._load_index_files()
+        self._log.open()
+        for held_position, held_size in (snapshot or {}).get("held", []):
+            self._restore_held(int(held_position), int(held_size))
+        replayed = 0
+        for record_position, payload in self._log.recover(position):
+            self._replay(record_position, HEADER_SIZE + len(payload), rec.decode_record(payload))
+            replayed += 1
+        self._reconcile_indexes()
+        self._checkpoint_position = position
+        log.info(
+            "storage: opened %s at log position %d (%d records replayed)",
+            self._dir,
+            self._log.end,
+            replayed,
+        )
+        self._log.start_flushing()
+        self._started = True
+        if DEFAULT_NAMESPACE not in self._namespaces:
+            await self.create_namespace(DEFAULT_NAMESPACE)
+        self._apply_topic_retention()
+        loop = asyncio.get_running_loop()
+        self._tasks = [
+            loop.create_task(self._deliver_due_loop(), name="polymq-delayed-delivery"),
+            loop.create_task(self._maintenance_loop(), name="polymq-maintenance"),
+        ]
+
+    async def close(self) -> None:
+        if self._closed or not self._started:
+            self._closed = True
+            return
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(Exception):
+            await self.checkpoint()
+        self._closed = True
+        for topic in self._topics.values():
+            for queue in topic.queues:
+                queue.wake()
+        await self._log.close()
+
+    def _check_open(self) -> None:
+        if self._closed or not self._started:
+            raise StorageClosed("storage is not open")
+
+    async def _writable(self) -> None:
+        """Wait while a checkpoint holds the gate. Callers read state only after this
+        returns and reserve their records without awaiting in between."""
+        self._check_open()
+        if not self._gate.is_set():
+            await self._gate.wait()
+            self._check_open()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _load_snapshot(self, s: dict[str, Any]) -> None:
+        self._next_topic_id = int(s["next_topic_id"])
+        self._pop_seq = int(s["pop_seq"])
+        self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
+        for tid, ns, name, config, created, modified, count in s["topics"]:
+            self._add_topic(
+                _Topic(int(tid), ns, name, _topic_config(config), created, modified, []), count
+            )
+        for ns, group, config in s["groups"]:
+            self._group_configs[(ns, group)] = GroupConfig(**config)
+        for ns, group, tid, qid, offset, metadata, ms in s["offsets"]:
+            self._offsets.setdefault((ns, group), {})[(tid, qid)] = CommittedOffset(
+                offset=offset, metadata=metadata, commit_ms=ms
+            )
+        for ns, group, tid, qid, data in s["cursors"]:
+            self._cursors.setdefault((ns, group), {})[(tid, qid)] = PopCursor.from_json(data)
+        for ns, topic, key, message in s["latest"]:
+            self._latest.setdefault((ns, topic), {})[base64.b64decode(key)] = base64.b64decode(
+                message
+            )
+        for ns, kind, name, value in s["kv"]:
+            self._kv.setdefault((ns, kind), {})[name] = value
+        self._dead_topic_ids = set(s.get("dead_topic_ids", []))
+
+    def _snapshot_state(self, position: int) -> dict[str, Any]:
+        b64 = base64.b64encode
+        return {
+            "version": 1,
+            "position": position,
+            "next_topic_id": self._next_topic_id,
+            "pop_seq": self._pop_seq,
+            "namespaces": self._namespaces,
+            "topics": [
+                [
+                    t.id,
+                    t.namespace,
+                    t.name,
+                    _config_to_json(t.config),
+                    t.created_ms,
+                    t.modified_ms,
+                    len(t.queues),
+                ]
+                for t in self._topics.values()
+            ],
+            "groups": [[ns, g, _config_to_json(c)] for (ns, g), c in self._group_configs.items()],
+            "offsets": [
+                [ns, g, tid, qid, c.offset, c.metadata, c.commit_ms]
+                for (ns, g), per_queue in self._offsets.items()
+                for (tid, qid), c in per_queue.items()
+            ],
+            "cursors": [
+                [ns, g, tid, qid, cursor.to_json()]
+                for (ns, g), per_queue in self._cursors.items()
+                for (tid, qid), cursor in per_queue.items()
+            ],
+            "held": [[h.position, h.size] for h in self._held.values()],
+            "latest": [
+                [ns, topic, b64(key).decode(), b64(value).decode()]
+                for (ns, topic), values in self._latest.items()
+                for key, value in values.items()
+            ],
+            "kv": [
+                [ns, kind, name, value]
+                for (ns, kind), values in self._kv.items()
+                for name, value in values.items()
+            ],
+            "dead_topic_ids": sorted(self._dead_topic_ids),
+        }
+
+    def _load_index_files(self) -> None:
+        for path in self._index_dir.glob("*.idx"):
+            try:
+                tid_text, qid_text = path.stem.split("-")
+                topic = self._topics_by_id.get(int(tid_text))
+                qid = int(qid_text)
+            except ValueError:
+                topic = None
+                qid = -1
+            loaded = load_index_file(path) if topic is not None else None
+            if topic is None or loaded is None or qid >= len(topic.queues):
+                path.unlink(missing_ok=True)
+                continue
+            base, entries = loaded
+            queue = topic.queues[qid]
+            queue.base = queue.earliest = queue.file_base = base
+            queue.entries = entries
+            queue.next_offset = queue.persisted_end = queue.end
+        for path in self._index_dir.glob("*.tmp"):
+            path.unlink(missing_ok=True)
+
+    def _reconcile_indexes(self) -> None:
+        """Cut index entries that point past the log end or before its start."""
+        start, end = self._log.start, self._log.end
+        for topic in self._topics.values():
+            for queue in topic.queues:
+                if queue.end > queue.base and queue.position(queue.end - 1) >= end:
+                    queue.truncate(queue.first_offset_where("position", end))
+                if queue.end > queue.base and queue.position(queue.base) < start:
+                    queue.trim_to(queue.first_offset_where("position", start))
+                queue.next_offset = queue.end
+
+    def _restore_held(self, position: int, size: int) -> None:
+        record = rec.decode_record(self._log.read(position, size))
+        if isinstance(record, rec.MessageRecord):
+            self._replay(position, size, record)
+
+    def _replay(self, position: int, size: int, record: rec.Record) -> None:
+        match record:
+            case rec.MessageRecord():
+                self._apply_message(position, size, record)
+                self._publish(position, size, record)
+            case rec.Pop():
+                self._apply_pop(record)
+            case rec.Ack():
+                self._apply_ack(record)
+            case rec.OffsetCommit():
+                self._apply_offset_commit(record)
+            case rec.Meta():
+                self._apply_meta(record.op)
+            case rec.Resolve():
+                self._drop_held(record.position)
+            case rec.Latest():
+                self._apply_latest(record)
+
+    # ------------------------------------------------------------------ applying records
+
+    def _record(self, record: rec.Record) -> int:
+        """Reserve a non-message record; its in-memory effect is applied by the caller."""
+        return self._log.reserve(rec.encode_record(record))
+
+    def _add_topic(self, topic: _Topic, queue_count: int) -> None:
+        topic.queues = [QueueIndex() for _ in range(queue_count)]
+        self._topics[(topic.namespace, topic.name)] = topic
+        self._topics_by_id[topic.id] = topic
+        self._next_topic_id = max(self._next_topic_id, topic.id + 1)
+
+    def _apply_meta(self, op: dict[str, Any]) -> None:
+        kind = op["op"]
+        if kind == "ns_create":
+            self._namespaces[op["ns"]] = op["ms"]
+        elif kind == "ns_delete":
+            self._namespaces.pop(op["ns"], None)
+            for key in [k for k in self._kv if k[0] == op["ns"]]:
+                del self._kv[key]
+        elif kind == "topic_create":
+            topic = _Topic(
+                op["id"], op["ns"], op["name"], _topic_config(op["config"]), op["ms"], op["ms"], []
+            )
+            self._add_topic(topic, topic.config.queue_count)
+        elif kind == "topic_alter":
+            topic = self._topics_by_id[op["id"]]
+            topic.config = _topic_config(op["config"])
+            topic.modified_ms = op["ms"]
+            while len(topic.queues) < topic.config.queue_count:
+                topic.queues.append(QueueIndex())
+        elif kind == "topic_delete":
+            topic = self._topics_by_id.pop(op["id"])
+            del self._topics[(topic.namespace, topic.name)]
+            self._dead_topic_ids.add(topic.id)
+            for offsets in self._offsets.values():
+                for queue_key in [k for k in offsets if k[0] == topic.id]:
+                    del offsets[queue_key]
+            for cursors in self._cursors.values():
+                for queue_key in [k for k in cursors if k[0] == topic.id]:
+                    del cursors[queue_key]
+            for queue in topic.queues:
+                queue.wake()
+        elif kind == "group_config":
+            self._group_configs[(op["ns"], op["group"])] = GroupConfig(**op["config"])
+        elif kind == "offsets_delete":
+            per_queue = self._offsets.get((op["ns"], op["group"]), {})
+            if op["queues"] is None:
+                per_queue.clear()
+            for tid, qid in op["queues"] or ():
+                per_queue.pop((tid, qid), None)
+        elif kind == "kv_put":
+            self._kv.setdefault((op["ns"], op["kind"]), {})[op["name"]] = op["value"]
+        elif kind == "kv_delete":
+            self._kv.get((op["ns"], op["kind"]), {}).pop(op["name"], None)
+        else:
+            raise ValueError(f"unknown metadata operation {kind!r}")
+
+    def _meta(self, **op: Any) -> int:
+        """Log and apply one metadata change; returns the log end to wait for."""
+        self._apply_meta(op)
+        self._record(rec.Meta(op))
+        return self._log.end
+
+    def _apply_message(self, position: int, size: int, record: rec.MessageRecord) -> None:
+        """The effect of a message record on held state (publishing is separate)."""
+        if record.flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF):
+            topic = (
+                self._topics_by_id.get(record.dispatches[0].topic_id) if record.dispatches else None
+            )
+            namespace = topic.namespace if topic else record.aux.partition("\x00")[0]
+            held = _Held(position, size, namespace, record)
+            self._held[position] = held
+            self._held_by_id[(namespace, record.message_id)] = position
+            if record.flags & rec.MESSAGE_SCHEDULED:
+                heapq.heappush(self._due, (record.due_ms, position))
+                self._due_changed.set()
+        elif record.source >= 0:
+            self._drop_held(record.source)
+
+    def _drop_held(self, position: int) -> None:
+        held = self._held.pop(position, None)
+        if held is not None:
+            self._held_by_id.pop((held.namespace, held.record.message_id), None)
+
+    def _publish(self, position: int, size: int, record: rec.MessageRecord) -> None:
+        """Make a durable message record visible in its queues."""
+        if record.flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF):
+            return
+        for dispatch in record.dispatches:
+            topic = self._topics_by_id.get(dispatch.topic_id)
+            if topic is None or dispatch.queue_id >= len(topic.queues):
+                continue  # deleted since
+            queue = topic.queues[dispatch.queue_id]
+            if dispatch.offset < queue.end:
+                continue  # already indexed (replay over a newer index file)
+            if dispatch.offset > queue.end:
+                log.error(
+                    "index gap in %s[%d]: expected offset %d, record has %d",
+                    topic.name,
+                    dispatch.queue_id,
+                    queue.end,
+                    dispatch.offset,
+                )
+                continue
+            for index in range(record.count):
+                queue.append(
+                    IndexEntry(
+                        position,
+                        size,
+                        index,
+                        record.count,
+                        record.store_ms,
+                        record.group_hash,
+                        record.tag_hash,
+                    )
+                )
+            queue.next_offset = max(queue.next_offset, queue.end)
+            if queue.waiters:
+                queue.wake()
+
+    def _cursor(self, group: _GroupKey, tid: int, qid: int) -> PopCursor:
+        per_queue = self._cursors.setdefault(group, {})
+        cursor = per_queue.get((tid, qid))
+        if cursor is None:
+            topic = self._topics_by_id.get(tid)
+            start = topic.queues[qid].earliest if topic and qid < len(topic.queues) else 0
+            cursor = per_queue[(tid, qid)] = PopCursor(start)
+        return cursor
+
+    def _group_of(self, tid: int, group: str) -> _GroupKey | None:
+        topic = self._topics_by_id.get(tid)
+        return (topic.namespace, group) if topic else None
+
+    def _apply_pop(self, record: rec.Pop) -> None:
+        key = self._group_of(record.topic_id, record.group)
+        if key is None:
+            return
+        cursor = self._cursor(key, record.topic_id, record.queue_id)
+        if cursor.is_consumed(record.offset):
+            return
+        state = Inflight(record.deadline_ms, record.attempt, record.seq, record.first_pop_ms)
+        cursor.hand_out(record.offset, state)
+        self._pop_seq = max(self._pop_seq, record.seq)
+
+    def _apply_ack(self, record: rec.Ack) -> None:
+        key = self._group_of(record.topic_id, record.group)
+        if key is not None:
+            self._cursor(key, record.topic_id, record.queue_id).ack(record.offset)
+
+    def _apply_offset_commit(self, record: rec.OffsetCommit) -> None:
+        key = self._group_of(record.topic_id, record.group)
+        if key is not None:
+            self._offsets.setdefault(key, {})[(record.topic_id, record.queue_id)] = CommittedOffset(
+                offset=record.offset, metadata=record.metadata, commit_ms=record.commit_ms
+            )
+
+    def _apply_latest(self, record: rec.Latest) -> None:
+        values = self._latest.setdefault((record.namespace, record.topic), {})
+        if record.message is None:
+            values.pop(record.key, None)
+        else:
+            values[record.key] = record.message
+
+    # ------------------------------------------------------------------ lookups
+
+    def _namespace(self, namespace: str) -> str:
+        if namespace not in self._namespaces:
+            raise NamespaceNotFound(f"namespace {namespace!r} does not exist")
+        return namespace
+
+    def _topic(self, namespace: str, name: str) -> _Topic:
+        topic = self._topics.get((namespace, name))
+        if topic is None:
+            self._namespace(namespace)
+            raise TopicNotFound(f"topic {name!r} does not exist in namespace {namespace!r}")
+        return topic
+
+    def _queue(self, ref: QueueRef) -> tuple[_Topic, QueueIndex]:
+        topic = self._topic(ref.namespace, ref.topic)
+        if not 0 <= ref.queue_id < len(topic.queues):
+            raise QueueNotFound(
+                f"queue {ref.queue_id} does not exist in topic {ref.topic!r} "
+                f"({len(topic.queues)} queues)"
+            )
+        return topic, topic.queues[ref.queue_id]
+
+    def _topic_info(self, topic: _Topic) -> TopicInfo:
+        return TopicInfo(
+            namespace=topic.namespace,
+            name=topic.name,
+            config=topic.config,
+            queues=tuple(QueueOffsets(q.earliest, q.end) for q in topic.queues),
+            created_ms=topic.created_ms,
+            modified_ms=topic.modified_ms,
+        )
+
+    def _now(self) -> int:
+        return self.clock.now_ms()
+
+    # ------------------------------------------------------------------ namespaces
+
+    async def create_namespace(self, namespace: str) -> None:
+        check_name("namespace", namespace)
+        await self._writable()
+        if namespace in self._namespaces:
+            raise NamespaceAlreadyExists(f"namespace {namespace!r} already exists")
+        await self._log.wait_durable(self._meta(op="ns_create", ns=namespace, ms=self._now()))
+
+    async def delete_namespace(self, namespace: str) -> None:
+        await self._writable()
+        self._namespace(namespace)
+        if any(ns == namespace for ns, _ in self._topics):
+            raise InvalidArgument(f"namespace {namespace!r} still has topics")
+        await self._log.wait_durable(self._meta(op="ns_delete", ns=namespace))
+
+    async def list_namespaces(self) -> list[str]:
+        self._check_open()
+        return sorted(self._namespaces)
+
+    # ------------------------------------------------------------------ topics
+
+    @staticmethod
+    def _check_topic_config(config: TopicConfig) -> None:
+        if not 1 <= config.queue_count <= _MAX_QUEUES:
+            raise InvalidArgument(f"queue_count must be 1..{_MAX_QUEUES}, got {config.queue_count}")
+        for name in ("retention_ms", "retention_bytes", "max_message_bytes"):
+            value = getattr(config, name)
+            if value is not None and value <= 0:
+                raise InvalidArgument(f"{name} must be positive, got {value}")
+
+    async def create_topic(
+        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+    ) -> TopicInfo:
+        check_name("topic", topic)
+        self._check_topic_config(config)
+        await self._writable()
+        self._namespace(namespace)
+        if (namespace, topic) in self._topics:
+            raise TopicAlreadyExists(f"topic {topic!r} already exists in namespace {namespace!r}")
+        end = self._meta(
+            op="topic_create",
+            id=self._next_topic_id,
+            ns=namespace,
+            name=topic,
+            config=_config_to_json(config),
+            ms=self._now(),
+        )
+        await self._log.wait_durable(end)
+        return self._topic_info(self._topic(namespace, topic))
+
+    async def alter_topic(self, namespace: str, topic: str, config: TopicConfig) -> TopicInfo:
+        self._check_topic_config(config)
+        await self._writable()
+        current = self._topic(namespace, topic)
+        if config.queue_count < len(current.queues):
+            raise InvalidArgument(
+                f"queue_count can only grow: topic {topic!r} has {len(current.queues)} queues"
+            )
+        end = self._meta(
+            op="topic_alter", id=current.id, config=_config_to_json(config), ms=self._now()
+        )
+        await self._log.wait_durable(end)
+        self._apply_topic_retention()
+        return self._topic_info(current)
+
+    async def delete_topic(self, namespace: str, topic: str) -> None:
+        await self._writable()
+        current = self._topic(namespace, topic)
+        await self._log.wait_durable(self._meta(op="topic_delete", id=current.id))
+
+    async def list_topics(self, namespace: str) -> list[TopicInfo]:
+        self._check_open()
+        self._namespace(namespace)
+        return [
+            self._topic_info(t) for (ns, _), t in sorted(self._topics.items()) if ns == namespace
+        ]
+
+    async def describe_topic(self, namespace: str, topic: str) -> TopicInfo:
+        self._check_open()
+        return self._topic_info(self._topic(namespace, topic))
+
+    async def queue_offsets(self, queue: QueueRef) -> QueueOffsets:
+        self._check_open()
+        _, index = self._queue(queue)
+        return QueueOffsets(index.earliest, index.end)
+
+    async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
+        self._check_open()
+        _, index = self._queue(queue)
+        return max(index.earliest, index.first_offset_where("store_ms", timestamp_ms))
+
+    # ------------------------------------------------------------------ append
+
+    def _max_bytes(self, topic: _Topic) -> int:
+        limit = self.config.max_message_bytes
+        if topic.config.max_message_bytes is not None:
+            limit = min(limit, topic.config.max_message_bytes)
+        return limit
+
+    def _validate_append(self, request: AppendRequest) -> list[tuple[_Topic, int]]:
+        if not isinstance(request.entry, Message | BatchEntry):
+            raise InvalidArgument("entry must be a Message or a BatchEntry")
+        if not request.queues:
+            raise InvalidArgument("an append needs at least one queue")
+        if len(set(request.queues)) != len(request.queues):
+            raise InvalidArgument("the same queue appears twice in one append")
+        targets = []
+        for ref in request.queues:
+            topic, _ = self._queue(ref)
+            targets.append((topic, ref.queue_id))
+        entry = request.entry
+        size = len(entry.body) if isinstance(entry, Message) else len(entry.raw)
+        if isinstance(entry, BatchEntry):
+            if not entry.messages:
+                raise InvalidArgument("a batch entry needs at least one message")
+            if len(entry.messages) > 0xFFFF:
+                raise InvalidArgument("a batch entry holds at most 65535 messages")
+            size = max(size, sum(len(m.body) for m in entry.messages))
+            now = self._now()
+            if any((m.delivery_time_ms or 0) > now for m in entry.messages):
+                raise InvalidArgument("batch entries cannot be delayed; append messages singly")
+        limit = min(self._max_bytes(topic) for topic, _ in targets)
+        if size > limit:
+            raise MessageTooLarge(f"message of {size} bytes is over the limit of {limit} bytes")
+        return targets
+
+    def _append_now(
+        self,
+        entry: Message | BatchEntry,
+        targets: Sequence[tuple[_Topic, int]],
+        *,
+        encoded: bytes | None = None,
+        message_id: str | None = None,
+        flags: int = 0,
+        source: int = -1,
+        aux: str = "",
+    ) -> tuple[rec.MessageRecord, int]:
+        """Reserve one message record; offsets are assigned now and become readable when
+        it is durable. Synchronous: no other task runs between check and reserve."""
+        assert self._ids is not None
+        now = self._now()
+        first = entry if isinstance(entry, Message) else entry.messages[0]
+        count = 1 if isinstance(entry, Message) else len(entry.messages)
+        due = first.delivery_time_ms or 0
+        if not flags and isinstance(entry, Message) and due > now:
+            flags = rec.MESSAGE_SCHEDULED
+        held = bool(flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF))
+        dispatches = []
+        for topic, qid in targets:
+            if held:
+                offset = -1
+            else:
+                queue = topic.queues[qid]
+                offset = queue.next_offset
+                queue.next_offset += count
+            dispatches.append(rec.Dispatch(topic.id, qid, offset))
+        record = rec.MessageRecord(
+            flags=flags,
+            store_ms=now,
+            message_id=message_id or self._ids.next(now),
+            source=source,
+            count=count,
+            due_ms=due,
+            group_hash=_hash(first.message_group),
+            tag_hash=_hash(first.tag),
+            dispatches=tuple(dispatches),
+            aux=aux,
+            entry=encoded if encoded is not None else rec.encode_entry(entry),
+        )
+        payload = rec.encode_record(record)
+        size = HEADER_SIZE + len(payload)
+        position = self._log.reserve(
+            payload, on_durable=lambda: self._publish(position, size, record)
+        )
+        self._apply_message(position, size, record)
+        return record, position
+
+    def _result(self, record: rec.MessageRecord) -> AppendResult:
+        placements = []
+        for d in record.dispatches:
+            topic = self._topics_by_id.get(d.topic_id)
+            if topic is not None and d.offset >= 0:
+                placements.append(
+                    Placement(QueueRef(topic.namespace, topic.name, d.queue_id), d.offset)
+                )
+        return AppendResult(
+            message_id=record.message_id,
+            store_timestamp_ms=record.store_ms,
+            placements=tuple(placements),
+        )
+
+    async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        await self._writable()
+        checked = [(r, self._validate_append(r)) for r in requests]
+        appended = [self._append_now(r.entry, targets)[0] for r, targets in checked]
+        await self._log.wait_durable()
+        return [self._result(record) for record in appended]
+
+    async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
+        await self._writable()
+        position = self._held_by_id.get((namespace, message_id))
+        held = self._held.get(position) if position is not None else None
+        if held is None or held.is_half:
+            return False
+        self._drop_held(held.position)
+        self._record(rec.Resolve(held.position, rec.RESOLVE_CANCEL))
+        await self._log.wait_durable()
+        return True
+
+    # ------------------------------------------------------------------ delayed delivery
+
+    async def _deliver_due_loop(self) -> None:
+        while True:
+            now = self._now()
+            while self._due and (self._due[0][1] not in self._held):
+                heapq.heappop(self._due)
+            if self._due and self._due[0][0] <= now:
+                await self._writable()
+                while self._due and self._due[0][0] <= self._now():
+                    _, position = heapq.heappop(self._due)
+                    held = self._held.get(position)
+                    if held is not None:
+                        self._make_visible(held)
+                continue
+            self._due_changed.clear()
+            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._due_changed.wait())]
+            if self._due:
+                waiters.append(asyncio.ensure_future(self.clock.sleep_until(self._due[0][0])))
+            try:
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
+
+    def _make_visible(self, held: _Held) -> rec.MessageRecord:
+        """Append a visible copy of a held message (same id and body) into its queues."""
+        targets = []
+        for d in held.record.dispatches:
+            topic = self._topics_by_id.get(d.topic_id)
+            if topic is not None and d.queue_id < len(topic.queues):
+                targets.append((topic, d.queue_id))
+        entry = rec.decode_entry(held.record.entry)
+        record, _ = self._append_now(
+            entry,
+            targets,
+            encoded=held.record.entry,
+            message_id=held.record.message_id,
+            flags=0,
+            source=held.position,
+        )
+        return record
+
+    # ------------------------------------------------------------------ reading
+
+    def _load(self, position: int, size: int) -> rec.MessageRecord:
+        record = self._decoded.get(position)
+        if record is not None:
+            self._decoded.move_to_end(position)
+            return record
+        decoded = rec.decode_record(self._log.read(position, size))
+        assert isinstance(decoded, rec.MessageRecord)
+        self._decoded[position] = decoded
+        if len(self._decoded) > _DECODED_CACHE:
+            self._decoded.popitem(last=False)
+        return decoded
+
+    def _message_at(self, entry: IndexEntry) -> tuple[Message, str, rec.MessageRecord]:
+        record = self._load(entry.position, entry.size)
+        decoded = rec.decode_entry(record.entry)
+        if isinstance(decoded, Message):
+            return decoded, record.message_id, record
+        message_id = record.message_id
+        if entry.batch_count > 1:
+            message_id = f"{message_id}-{entry.batch_index}"
+        return decoded.messages[entry.batch_index], message_id, record
+
+    def _stored(self, ref: QueueRef, queue: QueueIndex, offset: int, **extra: Any) -> StoredMessage:
+        entry = queue.get(offset)
+        message, message_id, _ = self._message_at(entry)
+        return StoredMessage(
+            message=message,
+            queue=ref,
+            offset=offset,
+            message_id=message_id,
+            store_timestamp_ms=entry.store_ms,
+            **extra,
+        )
+
+    async def _wait_for_data(
+        self, queues: Iterable[QueueIndex], deadline_ms: int, wake_at_ms: int | None = None
+    ) -> None:
+        """Sleep until a queue gets data, ``wake_at_ms`` or ``deadline_ms``."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        watched = list(queues)
+        for queue in watched:
+            if queue.waiters is None:
+                queue.waiters = []
+            queue.waiters.append(future)
+        until = deadline_ms if wake_at_ms is None else min(deadline_ms, wake_at_ms)
+        sleeper = asyncio.ensure_future(self.clock.sleep_until(until))
+        try:
+            await asyncio.wait([future, sleeper], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleeper.cancel()
+            future.cancel()
+            for queue in watched:
+                if queue.waiters and future in queue.waiters:
+                    queue.waiters.remove(future)
+
+    def _check_offset(self, ref: QueueRef, queue: QueueIndex, offset: int) -> None:
+        if offset < queue.earliest or offset > queue.end:
+            raise OffsetOutOfRange(
+                f"offset {offset} is outside [{queue.earliest}, {queue.end}] of {ref}",
+                earliest=queue.earliest,
+                latest=queue.end,
+            )
+
+    async def read(
+        self,
+        queue: QueueRef,
+        offset: int,
+        *,
+        max_messages: int = 32,
+        max_bytes: int = 1 << 20,
+        wait_ms: int = 0,
+    ) -> ReadResult:
+        self._check_open()
+        _, index = self._queue(queue)
+        self._check_offset(queue, index, offset)
+        if offset >= index.end and wait_ms > 0:
+            await self._wait_for_data([index], self._now() + wait_ms)
+            self._check_open()
+            _, index = self._queue(queue)
+            self._check_offset(queue, index, offset)
+        messages: list[StoredMessage] = []
+        total = 0
+        stop = min(index.end, offset + max(1, max_messages))
+        for current in range(offset, stop):
+            stored = self._stored(queue, index, current)
+            total += len(stored.message.body)
+            if messages and total > max_bytes:
+                break
+            messages.append(stored)
+        next_offset = offset + len(messages)
+        return ReadResult(
+            messages=tuple(messages),
+            next_offset=next_offset,
+            offsets=QueueOffsets(index.earliest, index.end),
+        )
+
+    async def read_batches(
+        self,
+        queue: QueueRef,
+        offset: int,
+        *,
+        max_bytes: int = 1 << 20,
+        wait_ms: int = 0,
+    ) -> list[StoredBatch]:
+        self._check_open()
+        _, index = self._queue(queue)
+        self._check_offset(queue, index, offset)
+        if offset >= index.end and wait_ms > 0:
+            await self._wait_for_data([index], self._now() + wait_ms)
+            self._check_open()
+            _, index = self._queue(queue)
+            self._check_offset(queue, index, offset)
+        batches: list[StoredBatch] = []
+        total = 0
+        current = offset
+        while current < index.end:
+            entry = index.get(current)
+            base = max(current - entry.batch_index, index.base)
+            record = self._load(entry.position, entry.size)
+            decoded = rec.decode_entry(record.entry)
+            if isinstance(decoded, BatchEntry):
+                size = len(decoded.raw)
+                batch = StoredBatch(
+                    queue=queue,
+                    base_offset=base,
+                    count=entry.batch_count,
+                    store_timestamp_ms=entry.store_ms,
+                    format=decoded.format,
+                    raw=decoded.raw,
+                )
+            else:
+                size = len(decoded.body)
+                stored = StoredMessage(
+                    message=decoded,
+                    queue=queue,
+                    offset=current,
+                    message_id=record.message_id,
+                    store_timestamp_ms=entry.store_ms,
+                )
+                batch = StoredBatch(
+                    queue=queue,
+                    base_offset=current,
+                    count=1,
+                    store_timestamp_ms=entry.store_ms,
+                    format=None,
+                    raw=None,
+                    messages=(stored,),
+                )
+            total += size
+            if batches and total > max_bytes:
+                break
+            batches.append(batch)
+            current = base + entry.batch_count
+        return batches
+
+    # ------------------------------------------------------------------ offsets (stream mode)
+
+    def _queue_key(self, namespace: str, ref: QueueRef) -> _QueueKey:
+        if ref.namespace != namespace:
+            raise InvalidArgument(f"queue {ref} is not in namespace {namespace!r}")
+        topic, _ = self._queue(ref)
+        return topic.id, ref.queue_id
+
+    async def commit_offset(
+        self, namespace: str, group: str, queue: QueueRef, offset: int, metadata: str = ""
+    ) -> None:
+        check_name("group", group)
+        await self._writable()
+        tid, qid = self._queue_key(namespace, queue)
+        if offset < 0:
+            raise InvalidArgument(f"offset must not be negative, got {offset}")
+        record = rec.OffsetCommit(group, tid, qid, offset, metadata, self._now())
+        self._apply_offset_commit(record)
+        self._record(record)
+        await self._log.wait_durable()
+
+    async def fetch_offset(
+        self, namespace: str, group: str, queue: QueueRef
+    ) -> CommittedOffset | None:
+        self._check_open()
+        key = self._queue_key(namespace, queue)
+        return self._offsets.get((namespace, group), {}).get(key)
+
+    def _ref(self, key: _QueueKey) -> QueueRef:
+        topic = self._topics_by_id[key[0]]
+        return QueueRef(topic.namespace, topic.name, key[1])
+
+    async def list_group_offsets(
+        self, namespace: str, group: str
+    ) -> dict[QueueRef, CommittedOffset]:
+        self._check_open()
+        return {self._ref(k): v for k, v in self._offsets.get((namespace, group), {}).items()}
+
+    async def delete_group_offsets(
+        self, namespace: str, group: str, queues: Sequence[QueueRef] | None = None
+    ) -> None:
+        await self._writable()
+        keys = None if queues is None else [list(self._queue_key(namespace, q)) for q in queues]
+        await self._log.wait_durable(
+            self._meta(op="offsets_delete", ns=namespace, group=group, queues=keys)
+        )
+
+    async def list_groups(self, namespace: str) -> list[str]:
+        self._check_open()
+        names = {
+            g
+            for source in (self._offsets, self._cursors, self._group_configs)
+            for ns, g in source
+            if ns == namespace
+        }
+        return sorted(names)
+
+    # ------------------------------------------------------------------ pop mode
+
+    async def set_group_config(self, namespace: str, group: str, config: GroupConfig) -> None:
+        check_name("group", group)
+        if config.max_delivery_attempts is not None and config.max_delivery_attempts < 1:
+            raise InvalidArgument("max_delivery_attempts must be at least 1")
+        if config.dead_letter_topic is not None:
+            check_name("topic", config.dead_letter_topic)
+        await self._writable()
+        self._namespace(namespace)
+        end = self._meta(
+            op="group_config", ns=namespace, group=group, config=_config_to_json(config)
+        )
+        await self._log.wait_durable(end)
+
+    async def get_group_config(self, namespace: str, group: str) -> GroupConfig:
+        self._check_open()
+        return self._group_configs.get((namespace, group), GroupConfig())
+
+    def _pop_candidates(
+        self, cursor: PopCursor, queue: QueueIndex, fifo: bool, now: int
+    ) -> Iterator[int]:
+        """Offsets that may be handed out now, in order of preference."""
+        if cursor.done_below < queue.earliest:
+            cursor.skip_to(queue.earliest)
+        if not fifo:
+            yield from cursor.expired(now)
+            yield from range(max(cursor.next_new, queue.earliest), queue.end)
+            return
+        blocked: set[int] = set()
+        stop = min(queue.end, cursor.done_below + _FIFO_SCAN_LIMIT)
+        for offset in range(cursor.done_below, stop):
+            if offset in cursor.acked:
+                continue
+            group_hash = queue.get(offset).group_hash
+            state = cursor.inflight.get(offset)
+            if state is not None and state.deadline_ms > now:
+                blocked.add(group_hash)
+                continue
+            if group_hash in blocked:
+                continue
+            if group_hash:
+                blocked.add(group_hash)
+            yield offset
+
+    async def pop(
+        self,
+        namespace: str,
+        group: str,
+        queues: Sequence[QueueRef],
+        *,
+        max_messages: int = 1,
+        invisible_ms: int = 30_000,
+        wait_ms: int = 0,
+        tags: frozenset[str] | None = None,
+    ) -> list[StoredMessage]:
+        check_name("group", group)
+        if max_messages < 1:
+            raise InvalidArgument("max_messages must be at least 1")
+        if invisible_ms < 0:
+            raise InvalidArgument("invisible_ms must not be negative")
+        if not queues:
+            raise InvalidArgument("pop needs at least one queue")
+        deadline = self._now() + max(0, wait_ms)
+        while True:
+            await self._writable()
+            targets = [(ref, *self._queue(ref)) for ref in queues]
+            for ref, _, _ in targets:
+                self._queue_key(namespace, ref)
+            popped, end = self._pop_now(namespace, group, targets, max_messages, invisible_ms, tags)
+            if popped or self._now() >= deadline:
+                if end is not None:
+                    await self._log.wait_durable(end)
+                return popped
+            if end is not None:
+                await self._log.wait_durable(end)  # consumed silently: filtered or expired
+            wake_at = self._next_redelivery(namespace, group, targets)
+            await self._wait_for_data([q for _, _, q in targets], deadline, wake_at)
+
+    def _next_redelivery(
+        self, namespace: str, group: str, targets: list[tuple[QueueRef, _Topic, QueueIndex]]
+    ) -> int | None:
+        """When the earliest in-flight message of these queues becomes visible again."""
+        cursors = self._cursors.get((namespace, group), {})
+        deadlines = [
+            deadline
+            for ref, topic, _ in targets
+            if (cursor := cursors.get((topic.id, ref.queue_id))) is not None
+            and (deadline := cursor.next_deadline()) is not None
+        ]
+        return min(deadlines, default=None)
+
+    def _pop_now(
+        self,
+        namespace: str,
+        group: str,
+        targets: list[tuple[QueueRef, _Topic, QueueIndex]],
+        max_messages: int,
+        invisible_ms: int,
+        tags: frozenset[str] | None,
+    ) -> tuple[list[StoredMessage], int | None]:
+        config = self._group_configs.get((namespace, group), GroupConfig())
+        tag_hashes = None if tags is None or "*" in tags else {_hash(t) for t in tags}
+        now = self._now()
+        popped: list[StoredMessage] = []
+        logged = False
+        self._rotation += 1
+        start = self._rotation % len(targets)
+        for ref, topic, queue in targets[start:] + targets[:start]:
+            if len(popped) >= max_messages:
+                break
+            cursor = self._cursor((namespace, group), topic.id, ref.queue_id)
+            for offset in self._pop_candidates(cursor, queue, config.fifo, now):
+                entry = queue.get(offset)
+                message, message_id, _ = self._message_at(entry)
+                previous = cursor.inflight.get(offset)
+                attempt = previous.attempt + 1 if previous else 1
+                consumed = (tag_hashes is not None and entry.tag_hash not in tag_hashes) or (
+                    message.expiry_ms is not None and message.expiry_ms <= now
+                )
+                limit = config.max_delivery_attempts
+                if not consumed and limit is not None and attempt > limit:
+                    self._dead_letter(
+                        namespace, group, config, ref, offset, message, message_id, attempt - 1
+                    )
+                    consumed = True
+                if consumed:
+                    cursor.ack(offset)
+                    self._record(rec.Ack(group, topic.id, ref.queue_id, offset))
+                    logged = True
+                    continue
+                self._pop_seq += 1
+                first_pop = previous.first_pop_ms if previous else now
+                state = Inflight(now + invisible_ms, attempt, self._pop_seq, first_pop)
+                cursor.hand_out(offset, state)
+                self._record(
+                    rec.Pop(
+                        group,
+                        topic.id,
+                        ref.queue_id,
+                        offset,
+                        state.deadline_ms,
+                        attempt,
+                        state.seq,
+                        first_pop,
+                    )
+                )
+                logged = True
+                popped.append(
+                    StoredMessage(
+                        message=message,
+                        queue=ref,
+                        offset=offset,
+                        message_id=message_id,
+                        store_timestamp_ms=entry.store_ms,
+                        delivery_attempt=attempt,
+                        receipt=encode_receipt(topic.id, ref.queue_id, offset, state.seq),
+                        first_pop_ms=first_pop,
+                        next_visible_ms=state.deadline_ms,
+                    )
+                )
+                if len(popped) >= max_messages:
+                    break
+        return popped, (self._log.end if logged else None)
+
+    def _dead_letter(
+        self,
+        namespace: str,
+        group: str,
+        config: GroupConfig,
+        origin: QueueRef,
+        offset: int,
+        message: Message,
+        message_id: str,
+        attempts: int,
+    ) -> None:
+        if not config.dead_letter:
+            return
+        name = config.dead_letter_topic or f"{_DLQ_PREFIX}{group}"
+        topic = self._topics.get((namespace, name))
+        if topic is None:
+            self._meta(
+                op="topic_create",
+                id=self._next_topic_id,
+                ns=namespace,
+                name=name,
+                config=_config_to_json(TopicConfig()),
+                ms=self._now(),
+            )
+            topic = self._topics[(namespace, name)]
+        properties = (
+            *message.properties,
+            ("DLQ_ORIGIN_TOPIC", origin.topic.encode()),
+            ("DLQ_ORIGIN_QUEUE_ID", str(origin.queue_id).encode()),
+            ("DLQ_ORIGIN_OFFSET", str(offset).encode()),
+            ("DLQ_ORIGIN_MESSAGE_ID", message_id.encode()),
+            ("DLQ_DELIVERY_ATTEMPTS", str(attempts).encode()),
+            ("DLQ_GROUP", group.encode()),
+        )
+        dead = replace(message, properties=properties, delivery_time_ms=None)
+        self._append_now(dead, [(topic, 0)], message_id=message_id)
+        log.info("moved %s offset %d to %s after %d attempts", origin, offset, name, attempts)
+
+    def _inflight_for(
+        self, namespace: str, group: str, receipt: str
+    ) -> tuple[_Topic, int, int, PopCursor, Inflight]:
+        tid, qid, offset, seq = decode_receipt(receipt)
+        topic = self._topics_by_id.get(tid)
+        if topic is None or topic.namespace != namespace or qid >= len(topic.queues):
+            raise InvalidReceipt("receipt handle does not name a queue of this namespace")
+        cursor = self._cursors.get((namespace, group), {}).get((tid, qid))
+        state = cursor.inflight.get(offset) if cursor else None
+        if cursor is None or state is None or state.seq != seq:
+            raise InvalidReceipt(
+                "receipt handle is stale: the message was acked or handed out again since"
+            )
+        return topic, qid, offset, cursor, state
+
+    async def ack(self, namespace: str, group: str, receipt: str) -> None:
+        await self._writable()
+        topic, qid, offset, cursor, _ = self._inflight_for(namespace, group, receipt)
+        cursor.ack(offset)
+        self._record(rec.Ack(group, topic.id, qid, offset))
+        await self._log.wait_durable()
+
+    async def change_invisibility(
+        self, namespace: str, group: str, receipt: str, invisible_ms: int
+    ) -> StoredMessage:
+        if invisible_ms < 0:
+            raise InvalidArgument("invisible_ms must not be negative")
+        await self._writable()
+        topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
+        self._pop_seq += 1
+        new = Inflight(self._now() + invisible_ms, state.attempt, self._pop_seq, state.first_pop_ms)
+        cursor.hand_out(offset, new)
+        self._record(
+            rec.Pop(
+                group,
+                topic.id,
+                qid,
+                offset,
+                new.deadline_ms,
+                new.attempt,
+                new.seq,
+                new.first_pop_ms,
+            )
+        )
+        await self._log.wait_durable()
+        ref = QueueRef(topic.namespace, topic.name, qid)
+        return self._stored(
+            ref,
+            topic.queues[qid],
+            offset,
+            delivery_attempt=new.attempt,
+            receipt=encode_receipt(topic.id, qid, offset, new.seq),
+            first_pop_ms=new.first_pop_ms,
+            next_visible_ms=new.deadline_ms,
+        )
+
+    async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
+        self._check_open()
+        key = self._queue_key(namespace, queue)
+        cursor = self._cursors.get((namespace, group), {}).get(key)
+        return len(cursor.inflight) if cursor else 0
+
+    async def pending_count(self, namespace: str, group: str, queue: QueueRef) -> int:
+        self._check_open()
+        key = self._queue_key(namespace, queue)
+        _, index = self._queue(queue)
+        cursor = self._cursors.get((namespace, group), {}).get(key)
+        if cursor is None:
+            return index.end - index.earliest
+        done = max(cursor.done_below, index.earliest)
+        return max(0, index.end - done - sum(1 for o in cursor.acked if o >= done))
+
+    # ------------------------------------------------------------------ transactions
+
+    def _half(self, held: _Held) -> HalfMessage:
+        message = rec.decode_entry(held.record.entry)
+        assert isinstance(message, Message)
+        queues = []
+        for d in held.record.dispatches:
+            topic = self._topics_by_id.get(d.topic_id)
+            if topic is not None:
+                queues.append(QueueRef(topic.namespace, topic.name, d.queue_id))
+        producer_group = held.record.aux.partition("\x00")[2] or None
+        return HalfMessage(
+            transaction_id=held.record.message_id,
+            message_id=held.record.message_id,
+            message=message,
+            queues=tuple(queues),
+            store_timestamp_ms=held.record.store_ms,
+            producer_group=producer_group,
+        )
+
+    async def append_half(
+        self, request: AppendRequest, *, producer_group: str | None = None
+    ) -> HalfMessage:
+        if not isinstance(request.entry, Message):
+            raise InvalidArgument("a transactional half message must be a single Message")
+        await self._writable()
+        targets = self._validate_append(request)
+        namespace = request.queues[0].namespace
+        aux = f"{namespace}\x00{producer_group or ''}"
+        _, position = self._append_now(request.entry, targets, flags=rec.MESSAGE_HALF, aux=aux)
+        await self._log.wait_durable()
+        return self._half(self._held[position])
+
+    async def end_transaction(
+        self, namespace: str, transaction_id: str, *, commit: bool
+    ) -> AppendResult | None:
+        await self._writable()
+        position = self._held_by_id.get((namespace, transaction_id))
+        held = self._held.get(position) if position is not None else None
+        if held is None or not held.is_half:
+            raise TransactionNotFound(
+                f"no undecided transaction {transaction_id!r} in namespace {namespace!r}"
+            )
+        if commit:
+            record = self._make_visible(held)
+            await self._log.wait_durable()
+            return self._result(record)
+        self._drop_held(held.position)
+        self._record(rec.Resolve(held.position, rec.RESOLVE_ROLLBACK))
+        await self._log.wait_durable()
+        return None
+
+    async def list_undecided(
+        self, namespace: str | None = None, *, older_than_ms: int = 0
+    ) -> list[HalfMessage]:
+        self._check_open()
+        cutoff = self._now() - older_than_ms
+        return [
+            self._half(h)
+            for h in self._held.values()
+            if h.is_half
+            and (namespace is None or h.namespace == namespace)
+            and h.record.store_ms <= cutoff
+        ]
+
+    # ------------------------------------------------------------------ keyed latest value
+
+    async def put_latest(
+        self, namespace: str, topic: str, key: bytes, message: Message | None
+    ) -> None:
+        check_name("topic", topic)
+        if message is not None and len(message.body) > self.config.max_message_bytes:
+            raise MessageTooLarge(
+                f"message of {len(message.body)} bytes is over the limit of "
+                f"{self.config.max_message_bytes} bytes"
+            )
+        await self._writable()
+        self._namespace(namespace)
+        record = rec.Latest(
+            namespace, topic, bytes(key), None if message is None else rec.encode_message(message)
+        )
+        self._apply_latest(record)
+        self._record(record)
+        await self._log.wait_durable()
+
+    async def get_latest(self, namespace: str, topic: str, key: bytes) -> Message | None:
+        self._check_open()
+        value = self._latest.get((namespace, topic), {}).get(bytes(key))
+        return None if value is None else rec.decode_message(value)
+
+    async def list_latest(self, namespace: str, topic: str) -> list[tuple[bytes, Message]]:
+        self._check_open()
+        values = self._latest.get((namespace, topic), {})
+        return [(key, rec.decode_message(value)) for key, value in sorted(values.items())]
+
+    # ------------------------------------------------------------------ metadata
+
+    async def meta_put(self, namespace: str, kind: str, name: str, value: Any) -> None:
+        check_name("metadata kind", kind)
+        check_name("metadata name", name)
+        try:
+            value = json.loads(json.dumps(value))
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument(f"metadata value is not JSON-compatible: {exc}") from exc
+        await self._writable()
+        self._namespace(namespace)
+        end = self._meta(op="kv_put", ns=namespace, kind=kind, name=name, value=value)
+        await self._log.wait_durable(end)
+
+    async def meta_get(self, namespace: str, kind: str, name: str) -> Any | None:
+        self._check_open()
+        return self._kv.get((namespace, kind), {}).get(name)
+
+    async def meta_delete(self, namespace: str, kind: str, name: str) -> bool:
+        await self._writable()
+        if name not in self._kv.get((namespace, kind), {}):
+            return False
+        await self._log.wait_durable(self._meta(op="kv_delete", ns=namespace, kind=kind, name=name))
+        return True
+
+    async def meta_list(self, namespace: str, kind: str) -> dict[str, Any]:
+        self._check_open()
+        return dict(self._kv.get((namespace, kind), {}))
+
+    # ------------------------------------------------------------------ maintenance
+
+    async def _maintenance_loop(self) -> None:
+        interval = 1.0
+        since_retention = 0.0
+        since_checkpoint = 0.0
+        while True:
+            await asyncio.sleep(interval)
+            since_retention += interval
+            since_checkpoint += interval
+            try:
+                grown = self._log.end - self._checkpoint_position
+                if grown > 0 and (
+                    since_checkpoint * 1000 >= self.config.checkpoint_interval_ms
+                    or grown >= self.config.checkpoint_log_bytes
+                ):
+                    since_checkpoint = 0.0
+                    await self.checkpoint()
+                if since_retention * 1000 >= self.config.retention_check_interval_ms:
+                    since_retention = 0.0
+                    await self.enforce_retention()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("storage maintenance failed; will retry")
+
+    async def checkpoint(self) -> int:
+        """Persist indexes and state at the current log end; returns that position."""
+        self._check_open()
+        async with self._maintenance_lock:
+            self._gate.clear()
+            try:
+                await self._log.wait_durable()
+                if self.config.durability is Durability.ASYNC:
+                    await self._log.fsync()
+                position = self._log.end
+                state = self._snapshot_state(position)
+                writes = self._index_writes()
+                dead = set(self._dead_topic_ids)
+            finally:
+                self._gate.set()
+            loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, self._write_checkpoint, writes, state, dead)
+            for queue, end, base in ((w[0], w[3], w[4]) for w in writes):
+                queue.persisted_end = max(queue.persisted_end, end)
+                queue.file_base = base if queue.file_base is None else queue.file_base
+            self._dead_topic_ids -= dead
+            self._checkpoint_position = position
+            return position
+
+    def _index_writes(self) -> list[tuple[QueueIndex, Path, bytes, int, int, bool]]:
+        """(queue, path, data, new persisted end, file base, append) for changed queues."""
+        writes = []
+        for topic in self._topics.values():
+            for qid, queue in enumerate(topic.queues):
+                if queue.end == queue.persisted_end and queue.file_base is not None:
+                    continue
+                if queue.end == queue.base and queue.file_base is None:
+                    continue
+                path = self._index_dir / f"{topic.id}-{qid}.idx"
+                can_append = (
+                    queue.file_base is not None
+                    and queue.persisted_end >= queue.base
+                    and queue.base - queue.file_base < (1 << 20)
+                )
+                if can_append:
+                    begin = (queue.persisted_end - queue.base) * ENTRY_SIZE
+                    data = bytes(queue.entries[begin:])
+                    writes.append((queue, path, data, queue.end, queue.file_base or 0, True))
+                else:
+                    queue.file_base = None
+                    writes.append((queue, path, bytes(queue.entries), queue.end, queue.base, False))
+        return writes
+
+    def _write_checkpoint(
+        self,
+        writes: list[tuple[QueueIndex, Path, bytes, int, int, bool]],
+        state: dict[str, Any],
+        dead_topic_ids: set[int],
+    ) -> None:
+        for _, path, data, _, base, append in writes:
+            write_index_file(path, base, data, append=append)
+        write_snapshot(self._dir, state)
+        for tid in dead_topic_ids:
+            for path in self._index_dir.glob(f"{tid}-*.idx"):
+                path.unlink(missing_ok=True)
+
+    async def enforce_retention(self) -> None:
+        """Delete whole segments past the retention time or size, never one that
+        recovery or a held (delayed, half) message still needs; then move queue starts
+        and apply per-topic retention."""
+        self._check_open()
+        async with self._maintenance_lock:
+            now_s = self._now() / 1000
+            limit = min([self._checkpoint_position, *self._held])
+            stats = self._log.segment_stats()
+            total = sum(size for _, size, _ in stats)
+            delete_below = 0
+            for base, size, mtime in stats[:-1]:
+                if base + size > limit:
+                    break
+                too_old = mtime < now_s - self.config.retention_ms / 1000
+                too_big = (
+                    self.config.retention_bytes is not None and total > self.config.retention_bytes
+                )
+                if not (too_old or too_big):
+                    break
+                delete_below = base + size
+                total -= size
+            if delete_below:
+                start = self._log.delete_segments_below(delete_below)
+                self._decoded.clear()
+                for topic in self._topics.values():
+                    for queue in topic.queues:
+                        queue.trim_to(queue.first_offset_where("position", start))
+            self._apply_topic_retention()
+
+    def _apply_topic_retention(self) -> None:
+        now = self._now()
+        for topic in self._topics.values():
+            retention_ms, retention_bytes = topic.config.retention_ms, topic.config.retention_bytes
+            for queue in topic.queues:
+                if retention_ms is not None:
+                    first = queue.first_offset_where("store_ms", now - retention_ms)
+                    queue.earliest = max(queue.earliest, first)
+                if retention_bytes is not None:
+                    queue.earliest = max(
+                        queue.earliest, _first_within_bytes(queue, retention_bytes)
+                    )
+
+
+def _first_within_bytes(queue: QueueIndex, limit: int) -> int:
+    """The first offset such that the records from there to the end fit in ``limit``."""
+    total = 0
+    offset = queue.end
+    last_position = -1
+    while offset > queue.earliest:
+        entry = queue.get(offset - 1)
+        if entry.position != last_position:  # a batch's offsets share one record
+            total += entry.size
+            last_position = entry.position
+        if total > limit:
+            return offset
+        offset -= 1
+    return offset

@@ -1,0 +1,431 @@
+"""Binary encoding of commit-log records and of messages inside them.
+
+Pure functions: bytes in, values out. A record on disk is framed by the commit log
+(length and CRC-32C); this module encodes only the payload, whose first byte is the
+record kind. All integers are little-endian; strings are UTF-8 with a u32 length.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from storage.model import BatchEntry, Message
+
+__all__ = [
+    "Ack",
+    "Dispatch",
+    "Kind",
+    "Latest",
+    "MessageRecord",
+    "Meta",
+    "OffsetCommit",
+    "Pop",
+    "Resolve",
+    "decode_entry",
+    "decode_message",
+    "decode_record",
+    "encode_entry",
+    "encode_message",
+    "encode_record",
+]
+
+_U8 = struct.Struct("<B")
+_U32 = struct.Struct("<I")
+_I64 = struct.Struct("<q")
+_U16 = struct.Struct("<H")
+
+
+class Kind(IntEnum):
+    MESSAGE = 1
+    POP = 2
+    ACK = 3
+    OFFSET_COMMIT = 4
+    META = 5
+    RESOLVE = 6
+    LATEST = 7
+
+
+class _Writer:
+    __slots__ = ("parts",)
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+
+    def u8(self, value: int) -> None:
+        self.parts.append(_U8.pack(value))
+
+    def u32(self, value: int) -> None:
+        self.parts.append(_U32.pack(value))
+
+    def i64(self, value: int) -> None:
+        self.parts.append(_I64.pack(value))
+
+    def blob(self, value: bytes) -> None:
+        self.parts.append(_U32.pack(len(value)))
+        self.parts.append(value)
+
+    def text(self, value: str) -> None:
+        self.blob(value.encode())
+
+    def raw(self, value: bytes) -> None:
+        self.parts.append(value)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+class _Reader:
+    __slots__ = ("buf", "pos")
+
+    def __init__(self, buf: bytes | memoryview, pos: int = 0) -> None:
+        self.buf = buf
+        self.pos = pos
+
+    def u8(self) -> int:
+        (value,) = _U8.unpack_from(self.buf, self.pos)
+        self.pos += 1
+        return int(value)
+
+    def u32(self) -> int:
+        (value,) = _U32.unpack_from(self.buf, self.pos)
+        self.pos += 4
+        return int(value)
+
+    def i64(self) -> int:
+        (value,) = _I64.unpack_from(self.buf, self.pos)
+        self.pos += 8
+        return int(value)
+
+    def blob(self) -> bytes:
+        size = self.u32()
+        end = self.pos + size
+        if end > len(self.buf):
+            raise ValueError("length runs past the end of the record")
+        value = bytes(self.buf[self.pos : end])
+        self.pos = end
+        return value
+
+    def text(self) -> str:
+        return self.blob().decode()
+
+    def rest(self) -> bytes:
+        value = bytes(self.buf[self.pos :])
+        self.pos = len(self.buf)
+        return value
+
+
+# -- messages ----------------------------------------------------------------------
+
+# Presence bits of the optional message fields, in encoding order.
+_KEY, _TAG, _GROUP, _DELIVERY, _EXPIRY, _CTYPE, _CORR, _REPLY, _PRODUCER, _BORN_TS, _BORN_HOST = (
+    1 << i for i in range(11)
+)
+
+
+def encode_message(message: Message) -> bytes:
+    w = _Writer()
+    flags = 0
+    optional: list[tuple[int, Any, str]] = [
+        (_KEY, message.key, "blob"),
+        (_TAG, message.tag, "text"),
+        (_GROUP, message.message_group, "text"),
+        (_DELIVERY, message.delivery_time_ms, "i64"),
+        (_EXPIRY, message.expiry_ms, "i64"),
+        (_CTYPE, message.content_type, "text"),
+        (_CORR, message.correlation_id, "blob"),
+        (_REPLY, message.reply_to, "text"),
+        (_PRODUCER, message.producer, "text"),
+        (_BORN_TS, message.born_timestamp_ms, "i64"),
+        (_BORN_HOST, message.born_host, "text"),
+    ]
+    for bit, value, _ in optional:
+        if value is not None:
+            flags |= bit
+    w.u32(flags)
+    w.blob(message.body)
+    w.u32(len(message.properties))
+    for name, value in message.properties:
+        w.text(name)
+        w.blob(value)
+    for _, value, how in optional:
+        if value is not None:
+            getattr(w, how)(value)
+    return w.getvalue()
+
+
+def _read_message(r: _Reader) -> Message:
+    flags = r.u32()
+    body = r.blob()
+    properties = tuple((r.text(), r.blob()) for _ in range(r.u32()))
+
+    def opt(bit: int, how: str) -> Any:
+        return getattr(r, how)() if flags & bit else None
+
+    return Message(
+        body=body,
+        properties=properties,
+        key=opt(_KEY, "blob"),
+        tag=opt(_TAG, "text"),
+        message_group=opt(_GROUP, "text"),
+        delivery_time_ms=opt(_DELIVERY, "i64"),
+        expiry_ms=opt(_EXPIRY, "i64"),
+        content_type=opt(_CTYPE, "text"),
+        correlation_id=opt(_CORR, "blob"),
+        reply_to=opt(_REPLY, "text"),
+        producer=opt(_PRODUCER, "text"),
+        born_timestamp_ms=opt(_BORN_TS, "i64"),
+        born_host=opt(_BORN_HOST, "text"),
+    )
+
+
+def decode_message(data: bytes | memoryview) -> Message:
+    return _read_message(_Reader(data))
+
+
+# An entry is one message or one batch: u8 shape (0 single, 1 batch), then the data.
+def encode_entry(entry: Message | BatchEntry) -> bytes:
+    if isinstance(entry, Message):
+        return b"\x00" + encode_message(entry)
+    w = _Writer()
+    w.u8(1)
+    w.text(entry.format)
+    w.blob(entry.raw)
+    w.u32(len(entry.messages))
+    for message in entry.messages:
+        w.blob(encode_message(message))
+    return w.getvalue()
+
+
+def decode_entry(data: bytes | memoryview) -> Message | BatchEntry:
+    r = _Reader(data)
+    if r.u8() == 0:
+        return _read_message(r)
+    fmt = r.text()
+    raw = r.blob()
+    messages = tuple(decode_message(r.blob()) for _ in range(r.u32()))
+    return BatchEntry(format=fmt, raw=raw, messages=messages)
+
+
+# -- records -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """One queue an entry is indexed into, at ``offset`` (``-1`` while the entry is
+    held back: delayed or a transaction half)."""
+
+    topic_id: int
+    queue_id: int
+    offset: int
+
+
+MESSAGE_SCHEDULED = 1  # held until delivery time
+MESSAGE_HALF = 2  # held until the transaction commits
+
+
+@dataclass(frozen=True, slots=True)
+class MessageRecord:
+    """A stored entry. ``source`` is the position of the held record (delayed or
+    half) this one makes visible, else -1. ``count`` is how many offsets it spans."""
+
+    flags: int
+    store_ms: int
+    message_id: str
+    source: int
+    count: int
+    due_ms: int
+    group_hash: int
+    tag_hash: int
+    dispatches: tuple[Dispatch, ...]
+    aux: str
+    entry: bytes  # encode_entry() output, kept encoded so copies never re-encode
+
+
+@dataclass(frozen=True, slots=True)
+class Pop:
+    """A message handed to ``group`` (also a change of invisibility: a new ``seq``)."""
+
+    group: str
+    topic_id: int
+    queue_id: int
+    offset: int
+    deadline_ms: int
+    attempt: int
+    seq: int
+    first_pop_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    group: str
+    topic_id: int
+    queue_id: int
+    offset: int
+
+
+@dataclass(frozen=True, slots=True)
+class OffsetCommit:
+    group: str
+    topic_id: int
+    queue_id: int
+    offset: int
+    metadata: str
+    commit_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class Meta:
+    """A metadata change as a JSON object (rare, small: JSON keeps it readable)."""
+
+    op: dict[str, Any]
+
+
+RESOLVE_ROLLBACK = 0
+RESOLVE_CANCEL = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Resolve:
+    """A held record dropped: a transaction rolled back or a delayed message recalled."""
+
+    position: int
+    reason: int
+
+
+@dataclass(frozen=True, slots=True)
+class Latest:
+    namespace: str
+    topic: str
+    key: bytes
+    message: bytes | None  # encode_message() output, None clears
+
+
+Record = MessageRecord | Pop | Ack | OffsetCommit | Meta | Resolve | Latest
+
+
+def encode_record(record: Record) -> bytes:
+    w = _Writer()
+    match record:
+        case MessageRecord():
+            w.u8(Kind.MESSAGE)
+            w.u8(record.flags)
+            w.i64(record.store_ms)
+            w.text(record.message_id)
+            w.i64(record.source)
+            w.u32(record.count)
+            w.i64(record.due_ms)
+            w.u32(record.group_hash)
+            w.u32(record.tag_hash)
+            w.text(record.aux)
+            w.u32(len(record.dispatches))
+            for d in record.dispatches:
+                w.u32(d.topic_id)
+                w.u32(d.queue_id)
+                w.i64(d.offset)
+            w.raw(record.entry)
+        case Pop():
+            w.u8(Kind.POP)
+            w.text(record.group)
+            for value in (record.topic_id, record.queue_id):
+                w.u32(value)
+            for value in (
+                record.offset,
+                record.deadline_ms,
+                record.attempt,
+                record.seq,
+                record.first_pop_ms,
+            ):
+                w.i64(value)
+        case Ack():
+            w.u8(Kind.ACK)
+            w.text(record.group)
+            w.u32(record.topic_id)
+            w.u32(record.queue_id)
+            w.i64(record.offset)
+        case OffsetCommit():
+            w.u8(Kind.OFFSET_COMMIT)
+            w.text(record.group)
+            w.u32(record.topic_id)
+            w.u32(record.queue_id)
+            w.i64(record.offset)
+            w.text(record.metadata)
+            w.i64(record.commit_ms)
+        case Meta():
+            w.u8(Kind.META)
+            w.raw(json.dumps(record.op, separators=(",", ":")).encode())
+        case Resolve():
+            w.u8(Kind.RESOLVE)
+            w.i64(record.position)
+            w.u8(record.reason)
+        case Latest():
+            w.u8(Kind.LATEST)
+            w.text(record.namespace)
+            w.text(record.topic)
+            w.blob(record.key)
+            if record.message is None:
+                w.u8(0)
+            else:
+                w.u8(1)
+                w.raw(record.message)
+    return w.getvalue()
+
+
+def decode_record(payload: bytes | memoryview) -> Record:
+    """Decode one payload. Raises ``ValueError`` (or ``struct.error``) if malformed."""
+    r = _Reader(payload)
+    kind = r.u8()
+    if kind == Kind.MESSAGE:
+        flags = r.u8()
+        store_ms = r.i64()
+        message_id = r.text()
+        source = r.i64()
+        count = r.u32()
+        due_ms = r.i64()
+        group_hash = r.u32()
+        tag_hash = r.u32()
+        aux = r.text()
+        dispatches = tuple(Dispatch(r.u32(), r.u32(), r.i64()) for _ in range(r.u32()))
+        return MessageRecord(
+            flags,
+            store_ms,
+            message_id,
+            source,
+            count,
+            due_ms,
+            group_hash,
+            tag_hash,
+            dispatches,
+            aux,
+            r.rest(),
+        )
+    if kind == Kind.POP:
+        return Pop(r.text(), r.u32(), r.u32(), r.i64(), r.i64(), r.i64(), r.i64(), r.i64())
+    if kind == Kind.ACK:
+        return Ack(r.text(), r.u32(), r.u32(), r.i64())
+    if kind == Kind.OFFSET_COMMIT:
+        return OffsetCommit(r.text(), r.u32(), r.u32(), r.i64(), r.text(), r.i64())
+    if kind == Kind.META:
+        op = json.loads(bytes(r.rest()))
+        if not isinstance(op, dict):
+            raise ValueError("metadata record is not a JSON object")
+        return Meta(op)
+    if kind == Kind.RESOLVE:
+        return Resolve(r.i64(), r.u8())
+    if kind == Kind.LATEST:
+        namespace, topic, key = r.text(), r.text(), r.blob()
+        return Latest(namespace, topic, key, r.rest() if r.u8() else None)
+    raise ValueError(f"unknown record kind {kind}")
+
+
+def message_header_size(payload: bytes | memoryview) -> int:
+    """Offset of the entry inside a MESSAGE payload (to slice it without decoding)."""
+    r = _Reader(payload, 1 + 1 + 8)
+    r.pos += r.u32()  # message id
+    r.pos += 8 + 4 + 8 + 4 + 4
+    r.pos += r.u32()  # aux
+    r.pos += r.u32() * 16
+    return r.pos

@@ -1,0 +1,237 @@
+"""The abstract message model shared by every protocol (DESIGN.md section 2).
+
+Everything here is plain, immutable data: it crosses the storage API unchanged and,
+in the Cluster form, the network. No protocol's types appear here; adapters map their
+frames onto these classes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+__all__ = [
+    "DEFAULT_NAMESPACE",
+    "AppendRequest",
+    "AppendResult",
+    "BatchEntry",
+    "CommittedOffset",
+    "GroupConfig",
+    "HalfMessage",
+    "Message",
+    "MessageType",
+    "Placement",
+    "QueueOffsets",
+    "QueueRef",
+    "ReadResult",
+    "StoredBatch",
+    "StoredMessage",
+    "TopicConfig",
+    "TopicInfo",
+]
+
+DEFAULT_NAMESPACE = "default"
+
+
+class MessageType(StrEnum):
+    """What a topic accepts, as RocketMQ 5 types topics."""
+
+    NORMAL = "NORMAL"
+    FIFO = "FIFO"
+    DELAY = "DELAY"
+    TRANSACTION = "TRANSACTION"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicConfig:
+    """A topic's settings. ``None`` retention means the engine's default.
+
+    ``max_message_bytes`` bounds one message's body (and a batch entry's raw bytes)."""
+
+    queue_count: int = 1
+    message_type: MessageType = MessageType.NORMAL
+    retention_ms: int | None = None
+    retention_bytes: int | None = None
+    max_message_bytes: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRef:
+    """One append-only log with dense offsets: a Kafka partition, a RocketMQ message
+    queue, an AMQP queue, an MNS queue, an MQTT session's queue."""
+
+    namespace: str
+    topic: str
+    queue_id: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.topic}[{self.queue_id}]"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueOffsets:
+    """``earliest`` is the first retained offset, ``latest`` the next offset to be
+    written (Kafka's log-start offset and high watermark)."""
+
+    earliest: int
+    latest: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TopicInfo:
+    namespace: str
+    name: str
+    config: TopicConfig
+    queues: tuple[QueueOffsets, ...] = ()
+    created_ms: int = 0
+    modified_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Message:
+    """What a producer sends, in every protocol's terms.
+
+    ``properties`` keeps order and repeats (MQTT user properties may repeat a name).
+    ``delivery_time_ms`` (absolute, epoch ms) delays visibility; ``expiry_ms``
+    (absolute) drops the message from pop consumers after that time.
+    """
+
+    body: bytes = b""
+    key: bytes | None = None
+    tag: str | None = None
+    properties: tuple[tuple[str, bytes], ...] = ()
+    message_group: str | None = None
+    delivery_time_ms: int | None = None
+    expiry_ms: int | None = None
+    content_type: str | None = None
+    correlation_id: bytes | None = None
+    reply_to: str | None = None
+    producer: str | None = None
+    born_timestamp_ms: int | None = None
+    born_host: str | None = None
+
+    def property(self, name: str) -> bytes | None:
+        """The first value of ``name``, or ``None``."""
+        for key, value in self.properties:
+            if key == name:
+                return value
+        return None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class BatchEntry:
+    """A producer batch kept as one stored entry spanning ``len(messages)`` offsets.
+
+    ``raw`` is served back byte for byte by ``read_batches`` (a Kafka record batch is
+    returned as produced); ``messages`` is what other protocols read one by one.
+    ``format`` names the producer's encoding of ``raw`` (e.g. ``"kafka.v2"``) so a
+    reader knows what it gets; storage never interprets it.
+    """
+
+    format: str
+    raw: bytes
+    messages: tuple[Message, ...]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendRequest:
+    """One message (or batch entry) stored once and indexed into every queue in
+    ``queues`` (multi-dispatch: an AMQP fanout or an MQTT publish to many sessions
+    costs one body write)."""
+
+    entry: Message | BatchEntry
+    queues: tuple[QueueRef, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one dispatch of an appended entry landed: its first offset in a queue."""
+
+    queue: QueueRef
+    offset: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AppendResult:
+    """``placements`` is empty while the message is delayed or a transaction half:
+    it gets offsets when it becomes visible."""
+
+    message_id: str
+    store_timestamp_ms: int
+    placements: tuple[Placement, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredMessage:
+    """A message as read back: the producer's message plus where and when it was
+    stored. ``delivery_attempt`` counts pop deliveries, starting at 1 (0 on offset
+    reads); ``receipt`` is set on pop and is what ack/nack take."""
+
+    message: Message
+    queue: QueueRef
+    offset: int
+    message_id: str
+    store_timestamp_ms: int
+    delivery_attempt: int = 0
+    receipt: str | None = None
+    first_pop_ms: int | None = None
+    next_visible_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoredBatch:
+    """A stored entry as read back for pass-through: ``raw`` exactly as produced for
+    batch entries (``format`` set), ``base_offset`` its first offset."""
+
+    queue: QueueRef
+    base_offset: int
+    count: int
+    store_timestamp_ms: int
+    format: str | None
+    raw: bytes | None
+    messages: tuple[StoredMessage, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReadResult:
+    """``next_offset`` is where the next read continues; ``offsets`` the queue's
+    bounds when the read finished."""
+
+    messages: tuple[StoredMessage, ...]
+    next_offset: int
+    offsets: QueueOffsets
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommittedOffset:
+    offset: int
+    metadata: str = ""
+    commit_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GroupConfig:
+    """A consumer group's pop-mode policy.
+
+    ``max_delivery_attempts``: a message is handed out at most this many times; the
+    next time it would be, it goes to the group's dead-letter queue (``None``: never).
+    ``fifo``: within each message group, the next message is handed out only after
+    the previous one is acked. ``dead_letter_topic`` defaults to ``%DLQ%<group>``.
+    """
+
+    max_delivery_attempts: int | None = 16
+    fifo: bool = False
+    dead_letter: bool = True
+    dead_letter_topic: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HalfMessage:
+    """A transactional half message waiting for commit or rollback."""
+
+    transaction_id: str
+    message_id: str
+    message: Message
+    queues: tuple[QueueRef, ...]
+    store_timestamp_ms: int
+    producer_group: str | None = None
