@@ -83,6 +83,7 @@ class CommitLog:
         self._failed: BaseException | None = None
         self._closed = False
         self._dir_dirty = False
+        self._unsynced: set[_Segment] = set()  # async durability: written, not fsynced
 
     # -- opening and recovery -----------------------------------------------------
 
@@ -260,7 +261,10 @@ class CommitLog:
                     return
                 for _, _, callback in batch:
                     if callback is not None:
-                        callback()
+                        try:
+                            callback()
+                        except Exception:  # our bug: keep acknowledging the others
+                            log.exception("commit log: a durability callback failed")
                 self._durable_end = end
                 self._wake_waiters()
 
@@ -288,6 +292,8 @@ class CommitLog:
                 os.fdatasync(segment.fd)
             if new_dir_entry:
                 self._fsync_dir()
+        else:
+            self._unsynced.update(touched)
 
     @staticmethod
     def _write_chunks(segment: _Segment, chunks: list[bytes]) -> None:
@@ -303,21 +309,30 @@ class CommitLog:
         while True:
             await asyncio.sleep(self._flush_interval_ms / 1000)
             try:
-                await loop.run_in_executor(self._executor, self._fsync_all)
+                await loop.run_in_executor(self._executor, self._fsync_all, self._take_unsynced())
             except OSError as exc:
                 log.critical("commit log fsync failed, refusing further writes: %r", exc)
                 self._fail(exc)
                 return
 
-    def _fsync_all(self) -> None:
-        for segment in self._segments[-2:]:
-            os.fdatasync(segment.fd)
+    def _fsync_all(self, segments: list[_Segment]) -> None:
+        for segment in segments:
+            if segment.fd >= 0:
+                os.fdatasync(segment.fd)
         self._fsync_dir()
+
+    def _take_unsynced(self) -> list[_Segment]:
+        """Segments written since the last fsync (taken on the loop, synced in a thread)."""
+        segments = list(self._unsynced)
+        self._unsynced.clear()
+        return segments
 
     async def fsync(self) -> None:
         """Force everything written so far to disk (used before a checkpoint)."""
         await self.wait_durable()
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._fsync_all)
+        await asyncio.get_running_loop().run_in_executor(
+            self._executor, self._fsync_all, self._take_unsynced()
+        )
 
     def _wake_waiters(self) -> None:
         remaining = []
@@ -367,7 +382,9 @@ class CommitLog:
         while count < len(self._segments) - 1 and self._segments[count].end <= position:
             count += 1
         for segment in self._segments[:count]:
+            self._unsynced.discard(segment)
             os.close(segment.fd)
+            segment.fd = -1
             segment.path.unlink(missing_ok=True)
             log.info("retention: deleted segment %s", segment.path.name)
         del self._segments[:count]

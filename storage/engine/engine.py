@@ -84,7 +84,7 @@ __all__ = ["Engine"]
 log = logging.getLogger(__name__)
 
 _FIFO_SCAN_LIMIT = 4096  # offsets a FIFO pop looks ahead past blocked message groups
-_DECODED_CACHE = 256  # decoded batch entries kept for message-by-message reads
+_DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
 _MAX_QUEUES = 65_536
 _DLQ_PREFIX = "%DLQ%"
 
@@ -161,7 +161,9 @@ class Engine:
         self._kv: dict[tuple[str, str], dict[str, Any]] = {}
         self._pop_seq = 0
         self._rotation = 0
-        self._decoded: OrderedDict[int, rec.MessageRecord] = OrderedDict()
+        self._decoded: OrderedDict[int, tuple[rec.MessageRecord, Message | BatchEntry]] = (
+            OrderedDict()
+        )
         self._ids: MessageIds | None = None
         self._gate = asyncio.Event()
         self._gate.set()
@@ -834,31 +836,34 @@ class Engine:
 
     # ------------------------------------------------------------------ reading
 
-    def _load(self, position: int, size: int) -> rec.MessageRecord:
-        record = self._decoded.get(position)
-        if record is not None:
+    def _load(self, position: int, size: int) -> tuple[rec.MessageRecord, Message | BatchEntry]:
+        """Read and decode the message record at ``position``. Decoded batches are
+        cached, since their messages are usually read one offset after another."""
+        cached = self._decoded.get(position)
+        if cached is not None:
             self._decoded.move_to_end(position)
-            return record
-        decoded = rec.decode_record(self._log.read(position, size))
-        assert isinstance(decoded, rec.MessageRecord)
-        self._decoded[position] = decoded
-        if len(self._decoded) > _DECODED_CACHE:
-            self._decoded.popitem(last=False)
-        return decoded
+            return cached
+        record = rec.decode_record(self._log.read(position, size))
+        assert isinstance(record, rec.MessageRecord)
+        entry = rec.decode_entry(record.entry)
+        if isinstance(entry, BatchEntry):
+            self._decoded[position] = (record, entry)
+            if len(self._decoded) > _DECODED_CACHE:
+                self._decoded.popitem(last=False)
+        return record, entry
 
-    def _message_at(self, entry: IndexEntry) -> tuple[Message, str, rec.MessageRecord]:
-        record = self._load(entry.position, entry.size)
-        decoded = rec.decode_entry(record.entry)
+    def _message_at(self, entry: IndexEntry) -> tuple[Message, str]:
+        record, decoded = self._load(entry.position, entry.size)
         if isinstance(decoded, Message):
-            return decoded, record.message_id, record
+            return decoded, record.message_id
         message_id = record.message_id
         if entry.batch_count > 1:
             message_id = f"{message_id}-{entry.batch_index}"
-        return decoded.messages[entry.batch_index], message_id, record
+        return decoded.messages[entry.batch_index], message_id
 
     def _stored(self, ref: QueueRef, queue: QueueIndex, offset: int, **extra: Any) -> StoredMessage:
         entry = queue.get(offset)
-        message, message_id, _ = self._message_at(entry)
+        message, message_id = self._message_at(entry)
         return StoredMessage(
             message=message,
             queue=ref,
@@ -952,8 +957,7 @@ class Engine:
         while current < index.end:
             entry = index.get(current)
             base = max(current - entry.batch_index, index.base)
-            record = self._load(entry.position, entry.size)
-            decoded = rec.decode_entry(record.entry)
+            record, decoded = self._load(entry.position, entry.size)
             if isinstance(decoded, BatchEntry):
                 size = len(decoded.raw)
                 batch = StoredBatch(
@@ -1160,7 +1164,7 @@ class Engine:
             cursor = self._cursor((namespace, group), topic.id, ref.queue_id)
             for offset in self._pop_candidates(cursor, queue, config.fifo, now):
                 entry = queue.get(offset)
-                message, message_id, _ = self._message_at(entry)
+                message, message_id = self._message_at(entry)
                 previous = cursor.inflight.get(offset)
                 attempt = previous.attempt + 1 if previous else 1
                 consumed = (tag_hashes is not None and entry.tag_hash not in tag_hashes) or (
