@@ -172,6 +172,14 @@ class StorageAPI(Protocol):
         receipt is stale (acked already, or handed out again since)."""
         ...
 
+    async def ack_many(
+        self, namespace: str, group: str, receipts: Sequence[str]
+    ) -> list[str | None]:
+        """Ack several messages with one durable write (RocketMQ's batch AckMessage,
+        MNS BatchDeleteMessage, AMQP ``multiple``). Per receipt: ``None`` when acked,
+        else the error code (``InvalidReceipt.code``) of why not."""
+        ...
+
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int
     ) -> StoredMessage:

@@ -1275,6 +1275,23 @@ class Engine:
         self._record(rec.Ack(group, topic.id, qid, offset))
         await self._log.wait_durable()
 
+    async def ack_many(
+        self, namespace: str, group: str, receipts: Sequence[str]
+    ) -> list[str | None]:
+        await self._writable()
+        outcomes: list[str | None] = []
+        for receipt in receipts:
+            try:
+                topic, qid, offset, cursor, _ = self._inflight_for(namespace, group, receipt)
+            except InvalidReceipt as exc:
+                outcomes.append(exc.code)
+                continue
+            cursor.ack(offset)
+            self._record(rec.Ack(group, topic.id, qid, offset))
+            outcomes.append(None)
+        await self._log.wait_durable()
+        return outcomes
+
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int
     ) -> StoredMessage:

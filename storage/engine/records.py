@@ -36,7 +36,14 @@ __all__ = [
 _U8 = struct.Struct("<B")
 _U32 = struct.Struct("<I")
 _I64 = struct.Struct("<q")
-_U16 = struct.Struct("<H")
+# Fixed parts of the frequent records, packed in one call each (the hot path).
+# MESSAGE: kind, flags, store_ms, source, count, due_ms, group_hash, tag_hash,
+# len(message_id), len(aux), number of dispatches; then id, aux, dispatches, entry.
+_MESSAGE_HEAD = struct.Struct("<BBqqIqIIIII")
+_DISPATCH = struct.Struct("<IIq")  # topic id, queue id, offset
+# POP: kind, len(group), topic id, queue id, offset, deadline, attempt, seq, first pop.
+_POP = struct.Struct("<BIIIqqqqq")
+_ACK = struct.Struct("<BIIIq")  # kind, len(group), topic id, queue id, offset; then group
 
 
 class Kind(IntEnum):
@@ -311,41 +318,47 @@ def encode_record(record: Record) -> bytes:
     w = _Writer()
     match record:
         case MessageRecord():
-            w.u8(Kind.MESSAGE)
-            w.u8(record.flags)
-            w.i64(record.store_ms)
-            w.text(record.message_id)
-            w.i64(record.source)
-            w.u32(record.count)
-            w.i64(record.due_ms)
-            w.u32(record.group_hash)
-            w.u32(record.tag_hash)
-            w.text(record.aux)
-            w.u32(len(record.dispatches))
+            message_id, aux = record.message_id.encode(), record.aux.encode()
+            w.raw(
+                _MESSAGE_HEAD.pack(
+                    Kind.MESSAGE,
+                    record.flags,
+                    record.store_ms,
+                    record.source,
+                    record.count,
+                    record.due_ms,
+                    record.group_hash,
+                    record.tag_hash,
+                    len(message_id),
+                    len(aux),
+                    len(record.dispatches),
+                )
+            )
+            w.raw(message_id)
+            w.raw(aux)
             for d in record.dispatches:
-                w.u32(d.topic_id)
-                w.u32(d.queue_id)
-                w.i64(d.offset)
+                w.raw(_DISPATCH.pack(d.topic_id, d.queue_id, d.offset))
             w.raw(record.entry)
         case Pop():
-            w.u8(Kind.POP)
-            w.text(record.group)
-            for value in (record.topic_id, record.queue_id):
-                w.u32(value)
-            for value in (
-                record.offset,
-                record.deadline_ms,
-                record.attempt,
-                record.seq,
-                record.first_pop_ms,
-            ):
-                w.i64(value)
+            group = record.group.encode()
+            w.raw(
+                _POP.pack(
+                    Kind.POP,
+                    len(group),
+                    record.topic_id,
+                    record.queue_id,
+                    record.offset,
+                    record.deadline_ms,
+                    record.attempt,
+                    record.seq,
+                    record.first_pop_ms,
+                )
+            )
+            w.raw(group)
         case Ack():
-            w.u8(Kind.ACK)
-            w.text(record.group)
-            w.u32(record.topic_id)
-            w.u32(record.queue_id)
-            w.i64(record.offset)
+            group = record.group.encode()
+            w.raw(_ACK.pack(Kind.ACK, len(group), record.topic_id, record.queue_id, record.offset))
+            w.raw(group)
         case OffsetCommit():
             w.u8(Kind.OFFSET_COMMIT)
             w.text(record.group)
@@ -379,16 +392,31 @@ def decode_record(payload: bytes | memoryview) -> Record:
     r = _Reader(payload)
     kind = r.u8()
     if kind == Kind.MESSAGE:
-        flags = r.u8()
-        store_ms = r.i64()
-        message_id = r.text()
-        source = r.i64()
-        count = r.u32()
-        due_ms = r.i64()
-        group_hash = r.u32()
-        tag_hash = r.u32()
-        aux = r.text()
-        dispatches = tuple(Dispatch(r.u32(), r.u32(), r.i64()) for _ in range(r.u32()))
+        (
+            _,
+            flags,
+            store_ms,
+            source,
+            count,
+            due_ms,
+            group_hash,
+            tag_hash,
+            id_len,
+            aux_len,
+            n_dispatches,
+        ) = _MESSAGE_HEAD.unpack_from(payload)
+        pos = _MESSAGE_HEAD.size
+        message_id = bytes(payload[pos : pos + id_len]).decode()
+        pos += id_len
+        aux = bytes(payload[pos : pos + aux_len]).decode()
+        pos += aux_len
+        dispatches = tuple(
+            Dispatch(*_DISPATCH.unpack_from(payload, pos + i * _DISPATCH.size))
+            for i in range(n_dispatches)
+        )
+        pos += n_dispatches * _DISPATCH.size
+        if pos > len(payload):
+            raise ValueError("message record is shorter than its header says")
         return MessageRecord(
             flags,
             store_ms,
@@ -400,12 +428,15 @@ def decode_record(payload: bytes | memoryview) -> Record:
             tag_hash,
             dispatches,
             aux,
-            r.rest(),
+            bytes(payload[pos:]),
         )
     if kind == Kind.POP:
-        return Pop(r.text(), r.u32(), r.u32(), r.i64(), r.i64(), r.i64(), r.i64(), r.i64())
+        _, group_len, *fields = _POP.unpack_from(payload)
+        group = _tail_text(payload, _POP.size, group_len)
+        return Pop(group, *fields)
     if kind == Kind.ACK:
-        return Ack(r.text(), r.u32(), r.u32(), r.i64())
+        _, group_len, topic_id, queue_id, offset = _ACK.unpack_from(payload)
+        return Ack(_tail_text(payload, _ACK.size, group_len), topic_id, queue_id, offset)
     if kind == Kind.OFFSET_COMMIT:
         return OffsetCommit(r.text(), r.u32(), r.u32(), r.i64(), r.text(), r.i64())
     if kind == Kind.META:
@@ -421,11 +452,7 @@ def decode_record(payload: bytes | memoryview) -> Record:
     raise ValueError(f"unknown record kind {kind}")
 
 
-def message_header_size(payload: bytes | memoryview) -> int:
-    """Offset of the entry inside a MESSAGE payload (to slice it without decoding)."""
-    r = _Reader(payload, 1 + 1 + 8)
-    r.pos += r.u32()  # message id
-    r.pos += 8 + 4 + 8 + 4 + 4
-    r.pos += r.u32()  # aux
-    r.pos += r.u32() * 16
-    return r.pos
+def _tail_text(payload: bytes | memoryview, start: int, size: int) -> str:
+    if start + size != len(payload):
+        raise ValueError("record length does not match its header")
+    return bytes(payload[start:]).decode()

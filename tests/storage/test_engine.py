@@ -262,6 +262,17 @@ async def test_pop_ack_and_redelivery_after_invisibility(
     assert await storage.pending_count(NS, "g", q()) == 0
 
 
+async def test_ack_many_reports_each_receipt(storage: Engine) -> None:
+    await storage.create_topic(NS, "t")
+    await put(storage, b"a", b"b", b"c")
+    popped = await storage.pop(NS, "g", [q()], max_messages=3)
+    receipts = [m.receipt or "" for m in popped]
+    outcomes = await storage.ack_many(NS, "g", [receipts[0], "junk", receipts[2], receipts[0]])
+    assert outcomes == [None, "invalid_receipt", None, "invalid_receipt"]
+    assert await storage.inflight_count(NS, "g", q()) == 1
+    assert await storage.pending_count(NS, "g", q()) == 1
+
+
 async def test_groups_are_independent(storage: Engine) -> None:
     await storage.create_topic(NS, "t")
     await put(storage, b"a")
