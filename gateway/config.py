@@ -1,0 +1,395 @@
+"""Gateway configuration: defaults < TOML file < environment < command-line flags.
+
+Every layer is checked against the same dataclasses, so a typo in any of them is an
+error naming the key and where it came from, never a silently ignored setting.
+Environment variables are ``POLYMQ_`` plus the key path in capitals joined by double
+underscores (``POLYMQ_STORAGE__DATA_DIR``, ``POLYMQ_LISTENERS__MQTT_WS__PORT``): a
+single underscore stays part of a key name, so the mapping is unambiguous.
+"""
+
+from __future__ import annotations
+
+import difflib
+import tomllib
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
+
+from storage.model import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from storage.engine.config import EngineConfig
+
+__all__ = [
+    "ENV_PREFIX",
+    "LISTENER_NAMES",
+    "AccountConfig",
+    "AuthConfig",
+    "AuthMode",
+    "ConfigError",
+    "DurabilityMode",
+    "GatewayConfig",
+    "LimitsConfig",
+    "ListenerConfig",
+    "ListenersConfig",
+    "LogLevel",
+    "ServerConfig",
+    "StorageConfig",
+    "engine_config",
+    "load_config",
+]
+
+ENV_PREFIX = "POLYMQ_"
+# Names the CLI reads itself (the file to load); they are not config keys.
+_ENV_RESERVED = frozenset({"POLYMQ_CONFIG"})
+
+AuthMode = Literal["open", "accounts"]
+DurabilityMode = Literal["sync", "async"]
+LogLevel = Literal["debug", "info", "warning", "error"]
+
+_T = TypeVar("_T")
+
+
+class ConfigError(ValueError):
+    """A setting is unknown, malformed or inconsistent; the message names it and its
+    source so the user can fix it without reading code."""
+
+
+# -- the settings --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    host: str = "127.0.0.1"
+    log_level: LogLevel = "info"
+    # Created at start-up (besides each account's), so clients find them.
+    namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenerConfig:
+    enabled: bool = True
+    port: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenersConfig:
+    kafka: ListenerConfig = ListenerConfig(port=9092)
+    amqp: ListenerConfig = ListenerConfig(port=5672)
+    mqtt: ListenerConfig = ListenerConfig(port=1883)
+    mqtt_ws: ListenerConfig = ListenerConfig(port=8083)
+    rocketmq: ListenerConfig = ListenerConfig(port=8081)
+    http: ListenerConfig = ListenerConfig(port=8080)
+
+    def items(self) -> tuple[tuple[str, ListenerConfig], ...]:
+        """Listeners in start-up order (the order of DESIGN.md's port table)."""
+        return tuple((name, getattr(self, name)) for name in LISTENER_NAMES)
+
+
+LISTENER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ListenersConfig))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StorageConfig:
+    data_dir: Path = Path("./data")
+    durability: DurabilityMode = "sync"
+    flush_interval_ms: int = 1000
+    segment_bytes: int = 128 << 20
+    retention_ms: int = 7 * 24 * 3600 * 1000
+    retention_bytes: int | None = None
+    max_message_bytes: int = 16 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AccountConfig:
+    """One tenant user. ``namespaces`` are those it may use; the first is its default
+    unless ``default_namespace`` says otherwise. ``admin`` may use every namespace."""
+
+    user: str
+    password: str | None = None
+    access_key: str | None = None
+    secret_key: str | None = None
+    namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
+    default_namespace: str | None = None
+    admin: bool = False
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AuthConfig:
+    mode: AuthMode = "open"
+    accounts: tuple[AccountConfig, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LimitsConfig:
+    max_connections: int = 10_000
+    max_frame_bytes: int = 32 << 20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GatewayConfig:
+    server: ServerConfig = field(default_factory=ServerConfig)
+    listeners: ListenersConfig = field(default_factory=ListenersConfig)
+    storage: StorageConfig = field(default_factory=StorageConfig)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    limits: LimitsConfig = field(default_factory=LimitsConfig)
+
+
+# -- loading -------------------------------------------------------------------------
+
+
+def load_config(
+    path: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> GatewayConfig:
+    """Merge the layers, later ones winning key by key, and validate the result.
+
+    ``env`` is passed in (not read from ``os.environ``) so tests and embedders decide
+    what the process sees. ``overrides`` maps dotted key paths
+    (``"listeners.kafka.port"``) to values, as the CLI's flags produce them; ``None``
+    values are skipped so an unset flag does not mask lower layers.
+    """
+    env = env or {}
+    config = GatewayConfig()
+    if path is not None:
+        config = _apply(config, _read_toml(path), source=f"config file {path}", text=False)
+    for name in sorted(env):
+        if not name.startswith(ENV_PREFIX) or name in _ENV_RESERVED:
+            continue
+        keys = name[len(ENV_PREFIX) :].lower().split("__")
+        if not all(keys):
+            raise ConfigError(
+                f"environment variable {name}: expected {ENV_PREFIX}SECTION__KEY "
+                "(double underscores between the parts)"
+            )
+        raw = _nest(keys, env[name])
+        config = _apply(config, raw, source=f"environment variable {name}", text=True)
+    for dotted, value in (overrides or {}).items():
+        if value is None:
+            continue
+        raw = _nest(dotted.split("."), value)
+        config = _apply(config, raw, source=f"override {dotted!r}", text=True)
+    _validate(config)
+    return config
+
+
+def engine_config(config: GatewayConfig) -> EngineConfig:
+    """The embedded engine's settings from the gateway's. Imported here, not at module
+    top, so the gateway's config loads without the storage engine."""
+    from storage.engine.config import Durability, EngineConfig
+
+    s = config.storage
+    return EngineConfig(
+        data_dir=s.data_dir,
+        durability=Durability(s.durability),
+        flush_interval_ms=s.flush_interval_ms,
+        segment_bytes=s.segment_bytes,
+        retention_ms=s.retention_ms,
+        retention_bytes=s.retention_bytes,
+        max_message_bytes=s.max_message_bytes,
+    )
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except OSError as e:
+        raise ConfigError(f"config file {path}: cannot read it: {e.strerror or e}") from e
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"config file {path}: not valid TOML: {e}") from e
+
+
+def _nest(keys: list[str], value: Any) -> dict[str, Any]:
+    raw: dict[str, Any] = {keys[-1]: value}
+    for key in reversed(keys[:-1]):
+        raw = {key: raw}
+    return raw
+
+
+def _apply(obj: _T, raw: Mapping[str, Any], *, source: str, text: bool, prefix: str = "") -> _T:
+    """``obj`` with the keys of ``raw`` replaced, recursing into sections.
+
+    ``text`` says values are strings to parse (environment, flags); TOML values must
+    already have the right type, since TOML has types and a quoted port is a mistake.
+    """
+    hints = typing.get_type_hints(type(obj))
+    changes: dict[str, Any] = {}
+    for key, value in raw.items():
+        where = f"{prefix}{key}"
+        if key not in hints:
+            raise ConfigError(f"{source}: unknown key {where!r}{_suggest(key, hints)}")
+        tp = hints[key]
+        if is_dataclass(tp):
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"{source}: {where!r} is a section; give it keys, not a value")
+            changes[key] = _apply(
+                getattr(obj, key), value, source=source, text=text, prefix=f"{where}."
+            )
+        else:
+            changes[key] = _coerce(value, tp, where=where, source=source, text=text)
+    return replace(obj, **changes) if changes else obj  # type: ignore[type-var]
+
+
+def _suggest(key: str, hints: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(key, list(hints), n=1)
+    known = ", ".join(sorted(hints))
+    return f" (did you mean {close[0]!r}?)" if close else f" (known keys: {known})"
+
+
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _coerce(value: Any, tp: Any, *, where: str, source: str, text: bool) -> Any:
+    def fail(expected: str) -> ConfigError:
+        return ConfigError(f"{source}: {where!r} must be {expected}, got {value!r}")
+
+    origin = get_origin(tp)
+    parse = text and isinstance(value, str)
+    if origin is Literal:
+        choices = get_args(tp)
+        candidate = value.strip().lower() if parse else value
+        if candidate in choices:
+            return candidate
+        raise fail("one of " + ", ".join(repr(c) for c in choices))
+    if origin in (Union, types.UnionType):
+        (inner,) = (a for a in get_args(tp) if a is not type(None))
+        if parse and value.strip().lower() in ("", "none", "null"):
+            return None
+        return _coerce(value, inner, where=where, source=source, text=text)
+    if origin is tuple:
+        (item,) = get_args(tp)[:1]
+        if is_dataclass(item):
+            if parse:
+                raise ConfigError(f"{source}: {where!r} can only be set in the config file")
+            if not isinstance(value, list):
+                raise fail("an array of tables")
+            return tuple(
+                _build(item, entry, where=f"{where}[{i}]", source=source)
+                for i, entry in enumerate(value)
+            )
+        if parse:
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if not isinstance(value, list | tuple):
+            raise fail("a list")
+        return tuple(
+            _coerce(v, item, where=f"{where}[{i}]", source=source, text=text)
+            for i, v in enumerate(value)
+        )
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if parse and value.strip().lower() in _TRUE | _FALSE:
+            return value.strip().lower() in _TRUE
+        raise fail("true or false")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if parse:
+            try:
+                return int(value.strip())
+            except ValueError:
+                pass
+        raise fail("an integer")
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise fail("a string")
+    if tp is Path:
+        if isinstance(value, str | Path) and str(value):
+            return Path(value)
+        raise fail("a path")
+    raise TypeError(f"config type {tp!r} of {where!r} has no parser")  # our bug
+
+
+def _build(cls: Any, raw: Any, *, where: str, source: str) -> Any:
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: {where!r} must be a table")
+    hints = typing.get_type_hints(cls)
+    kwargs: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key not in hints:
+            raise ConfigError(f"{source}: unknown key {f'{where}.{key}'!r}{_suggest(key, hints)}")
+        kwargs[key] = _coerce(value, hints[key], where=f"{where}.{key}", source=source, text=False)
+    required = [f.name for f in fields(cls) if f.default is f.default_factory is MISSING]
+    missing = [name for name in required if name not in kwargs]
+    if missing:
+        raise ConfigError(f"{source}: {where!r} lacks required key {missing[0]!r}")
+    return cls(**kwargs)
+
+
+# -- consistency ---------------------------------------------------------------------
+
+
+def _validate(config: GatewayConfig) -> None:
+    """Checks that span keys or ranges no type expresses; run on the merged result so
+    a later layer can repair an earlier one."""
+
+    def positive(where: str, value: int | None) -> None:
+        if value is not None and value <= 0:
+            raise ConfigError(f"{where!r} must be positive, got {value}")
+
+    used: dict[int, str] = {}
+    for name, listener in config.listeners.items():
+        if not 0 <= listener.port <= 65535:
+            raise ConfigError(f"'listeners.{name}.port' must be 0..65535, got {listener.port}")
+        if listener.enabled and listener.port:
+            if listener.port in used:
+                raise ConfigError(
+                    f"listeners {used[listener.port]!r} and {name!r} both use port {listener.port}"
+                )
+            used[listener.port] = name
+
+    s = config.storage
+    for key in ("flush_interval_ms", "segment_bytes", "retention_ms", "max_message_bytes"):
+        positive(f"storage.{key}", getattr(s, key))
+    positive("storage.retention_bytes", s.retention_bytes)
+    positive("limits.max_connections", config.limits.max_connections)
+    positive("limits.max_frame_bytes", config.limits.max_frame_bytes)
+
+    for i, ns in enumerate(config.server.namespaces):
+        if not ns:
+            raise ConfigError(f"'server.namespaces[{i}]' must not be empty")
+
+    _validate_accounts(config.auth)
+
+
+def _validate_accounts(auth: AuthConfig) -> None:
+    if auth.mode == "accounts" and not auth.accounts:
+        raise ConfigError(
+            "'auth.mode' is 'accounts' but no [[auth.accounts]] are configured: "
+            "nobody could connect"
+        )
+    users: set[str] = set()
+    keys: set[str] = set()
+    for i, account in enumerate(auth.accounts):
+        where = f"auth.accounts[{i}]"
+        if not account.user:
+            raise ConfigError(f"{where!r}: 'user' must not be empty")
+        if account.user in users:
+            raise ConfigError(f"{where!r}: user {account.user!r} is configured twice")
+        users.add(account.user)
+        if (account.access_key is None) != (account.secret_key is None):
+            raise ConfigError(f"{where!r}: 'access_key' and 'secret_key' go together")
+        if account.password is None and account.access_key is None:
+            raise ConfigError(
+                f"{where!r}: user {account.user!r} has neither a password nor an access key"
+            )
+        if account.access_key is not None:
+            if account.access_key in keys:
+                raise ConfigError(f"{where!r}: access key {account.access_key!r} is used twice")
+            keys.add(account.access_key)
+        if not account.namespaces and not account.admin:
+            raise ConfigError(f"{where!r}: 'namespaces' is empty (and the user is no admin)")
+        if any(not ns for ns in account.namespaces):
+            raise ConfigError(f"{where!r}: a namespace name is empty")
+        default = account.default_namespace
+        if default is not None and default not in account.namespaces and not account.admin:
+            raise ConfigError(
+                f"{where!r}: 'default_namespace' {default!r} is not in its 'namespaces'"
+            )

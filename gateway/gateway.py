@@ -1,0 +1,153 @@
+"""The gateway: the stateless compute node, composed once over a storage backend.
+
+``Gateway.local`` / ``Gateway.cluster`` are the one place that knows which backend it
+got (RocketMQ's ``createForLocalMode`` / ``createForClusterMode``); everything else
+sees a :class:`~storage.api.StorageAPI`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Self
+
+from gateway.accounts import Accounts
+from gateway.config import GatewayConfig, engine_config
+from gateway.connections import ConnectionRegistry
+from gateway.listeners import (
+    Listener,
+    ListenerContext,
+    ListenerFactory,
+    ListenerSet,
+    protocol_listeners,
+)
+from gateway.metering import Metering
+from gateway.processor import Processor
+from storage.api import StorageAPI
+from storage.clock import Clock, SystemClock
+from storage.errors import NamespaceAlreadyExists
+
+__all__ = ["Gateway"]
+
+log = logging.getLogger(__name__)
+
+
+class Gateway:
+    """Storage, accounts, metering, connections, the processor and the listeners,
+    with one lifecycle: ``async with`` starts storage, creates the configured
+    namespaces and starts the listeners; leaving stops the listeners in reverse,
+    closes remaining connections, then closes storage.
+
+    Prefer :meth:`local` or :meth:`cluster`; the constructor takes any storage so
+    tests can compose a gateway over a fake.
+    """
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        *,
+        storage: StorageAPI,
+        clock: Clock | None = None,
+        listener_factories: Mapping[str, ListenerFactory] | None = None,
+    ) -> None:
+        self.config = config
+        self.clock: Clock = clock or SystemClock()
+        self.storage = storage
+        self.accounts = Accounts(config.auth)
+        self.metering = Metering()
+        self.connections = ConnectionRegistry(
+            max_connections=config.limits.max_connections,
+            metering=self.metering,
+            clock=self.clock,
+        )
+        self.processor = Processor(storage, self.accounts, self.metering, self.clock)
+        factories = protocol_listeners() if listener_factories is None else listener_factories
+        self.listeners = ListenerSet(self._build_listeners(factories))
+        # Enabled in the config but no protocol serves them yet: reported at start-up.
+        self.unbuilt = tuple(
+            name
+            for name, listener in config.listeners.items()
+            if listener.enabled and name not in factories
+        )
+        self._storage_started = False
+
+    @classmethod
+    def local(
+        cls,
+        config: GatewayConfig,
+        *,
+        clock: Clock | None = None,
+        listener_factories: Mapping[str, ListenerFactory] | None = None,
+    ) -> Gateway:
+        """The merged form: the embedded engine inside this process."""
+        from storage.engine import Engine  # not at top: the gateway imports without it
+
+        clock = clock or SystemClock()
+        storage = Engine(engine_config(config), clock=clock)
+        return cls(config, storage=storage, clock=clock, listener_factories=listener_factories)
+
+    @classmethod
+    def cluster(cls, config: GatewayConfig) -> Gateway:
+        """The separated form: remote storage nodes found through the nameserver."""
+        raise NotImplementedError("Cluster form: see issue 8")
+
+    def _build_listeners(self, factories: Mapping[str, ListenerFactory]) -> list[Listener]:
+        built: list[Listener] = []
+        for name, listener in self.config.listeners.items():
+            factory = factories.get(name)
+            if not listener.enabled or factory is None:
+                continue
+            context = ListenerContext(
+                name=name,
+                host=self.config.server.host,
+                port=listener.port,
+                config=self.config,
+                processor=self.processor,
+                accounts=self.accounts,
+                metering=self.metering,
+                connections=self.connections,
+                clock=self.clock,
+            )
+            built.append(factory(context))
+        return built
+
+    def namespaces(self) -> list[str]:
+        """Namespaces the gateway makes sure exist: configured ones and every account's."""
+        return sorted(set(self.config.server.namespaces) | self.accounts.namespaces())
+
+    async def start(self) -> None:
+        await self.storage.start()
+        self._storage_started = True
+        try:
+            for namespace in self.namespaces():
+                with contextlib.suppress(NamespaceAlreadyExists):
+                    await self.storage.create_namespace(namespace)
+            await self.listeners.start()
+        except BaseException:
+            await self.close()
+            raise
+
+    async def close(self) -> None:
+        """Idempotent; each step runs even if an earlier one failed, so storage is
+        always closed (and flushed) last."""
+        try:
+            await self.listeners.stop()
+            await self.connections.close_all()
+        finally:
+            if self._storage_started:
+                self._storage_started = False
+                await self.storage.close()
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

@@ -1,0 +1,273 @@
+"""Listener lifecycle: the sockets the protocols serve, started in order and stopped
+in reverse, and the one table saying which protocol serves which listener.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Protocol, Self
+
+from gateway.accounts import Accounts
+from gateway.config import GatewayConfig
+from gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
+from gateway.metering import Metering
+from storage.clock import Clock
+
+if TYPE_CHECKING:
+    from gateway.processor import Processor
+
+__all__ = [
+    "ConnectionHandler",
+    "Listener",
+    "ListenerContext",
+    "ListenerFactory",
+    "ListenerSet",
+    "TcpListener",
+    "protocol_listeners",
+]
+
+log = logging.getLogger(__name__)
+
+ConnectionHandler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+class Listener(Protocol):
+    """One served endpoint. ``port`` is the configured port (0: any free one);
+    ``address`` is what it is bound to once started, ``None`` before."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def port(self) -> int: ...
+
+    @property
+    def address(self) -> tuple[str, int] | None: ...
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ListenerContext:
+    """What a protocol gets to build its listener: the gateway's shared services, never
+    storage itself (protocols reach storage only through the processor)."""
+
+    name: str
+    host: str
+    port: int
+    config: GatewayConfig
+    processor: Processor
+    accounts: Accounts
+    metering: Metering
+    connections: ConnectionRegistry
+    clock: Clock
+
+
+ListenerFactory = Callable[[ListenerContext], Listener]
+
+
+def protocol_listeners() -> Mapping[str, ListenerFactory]:
+    """Listener name (a key of ``[listeners]``) to the factory of its protocol server.
+
+    Each protocol issue adds its line here. The imports stay inside the function so
+    that protocols, which import the gateway's processor, never form an import cycle
+    with the gateway package.
+    """
+    factories: dict[str, ListenerFactory] = {}
+    # e.g.: from protocols.kafka.server import kafka_listener; factories["kafka"] = ...
+    return factories
+
+
+class ListenerSet:
+    """Listeners started in the given order and stopped in reverse, as one unit: if
+    one fails to start, those already started are stopped again before the error
+    propagates, so no half-started server keeps ports bound."""
+
+    def __init__(self, listeners: Sequence[Listener] = ()) -> None:
+        names = [listener.name for listener in listeners]
+        if len(set(names)) != len(names):
+            raise ValueError(f"listener names repeat: {names}")
+        self._listeners = list(listeners)
+        self._started: list[Listener] = []
+
+    def __iter__(self) -> Iterator[Listener]:
+        return iter(self._listeners)
+
+    def __len__(self) -> int:
+        return len(self._listeners)
+
+    def get(self, name: str) -> Listener | None:
+        return next((x for x in self._listeners if x.name == name), None)
+
+    async def start(self) -> None:
+        for listener in self._listeners:
+            try:
+                await listener.start()
+            except BaseException:
+                await self.stop()
+                raise
+            self._started.append(listener)
+
+    async def stop(self) -> None:
+        """Stop started listeners in reverse order; a failure is logged and the rest
+        are still stopped."""
+        while self._started:
+            listener = self._started.pop()
+            try:
+                await listener.stop()
+            except Exception:
+                log.exception("listener %s failed to stop cleanly", listener.name)
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.stop()
+
+
+class TcpListener:
+    """A TCP server handing each accepted connection to ``handler(reader, writer)``.
+
+    It sets ``TCP_NODELAY`` on every accepted socket (small messages otherwise stall
+    ~40 ms behind Nagle), registers each connection with ``connections`` when given
+    (refusing it at the limit), and on stop cancels the handlers still running, so a
+    stopped listener leaves no connection behind. A handler's exception closes only
+    its own connection.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        host: str,
+        port: int,
+        handler: ConnectionHandler,
+        connections: ConnectionRegistry | None = None,
+        protocol: str | None = None,
+        close_grace_s: float = 2.0,
+    ) -> None:
+        self._name = name
+        self._close_grace_s = close_grace_s
+        self._host = host
+        self._port = port
+        self._handler = handler
+        self._connections = connections
+        self._protocol = protocol or name
+        self._server: asyncio.Server | None = None
+        self._address: tuple[str, int] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self._address
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError(f"listener {self._name} is already started")
+        self._stopping = False
+        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        sockname = self._server.sockets[0].getsockname()
+        self._address = (sockname[0], sockname[1])
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping = True
+        server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+        self._address = None
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if self._stopping or task is None:
+            writer.close()
+            return
+        sock: socket.socket | None = writer.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = _format_peer(writer.get_extra_info("peername"))
+        conn_id: int | None = None
+        self._tasks.add(task)
+        try:
+            if self._connections is not None:
+
+                async def close() -> None:
+                    task.cancel()
+                    if task is not asyncio.current_task():
+                        await asyncio.wait([task])
+
+                try:
+                    conn_id = self._connections.register(
+                        protocol=self._protocol, peer=peer, close=close
+                    ).id
+                except TooManyConnections as e:
+                    log.warning("%s: refused %s: %s", self._name, peer, e)
+                    return
+                with serving_connection(conn_id):
+                    await self._handler(reader, writer)
+            else:
+                await self._handler(reader, writer)
+        except asyncio.CancelledError:
+            pass  # stop() or a kick: the connection just closes
+        except ConnectionError as e:  # the peer went away: not our bug
+            log.debug("%s: connection from %s lost: %s", self._name, peer, e)
+        except Exception:
+            log.exception("%s: connection from %s failed; closing it", self._name, peer)
+        finally:
+            if conn_id is not None and self._connections is not None:
+                self._connections.unregister(conn_id)
+            try:
+                await _close(writer, self._close_grace_s)
+            finally:
+                self._tasks.discard(task)  # only now: stop() waits for the close too
+
+
+async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:
+    """Close after flushing what the handler wrote (a protocol's goodbye frame), but
+    abort a peer that stops reading rather than let it hold up shutdown."""
+    writer.close()
+    try:
+        async with asyncio.timeout(grace_s):
+            await writer.wait_closed()
+    except (TimeoutError, asyncio.CancelledError):
+        writer.transport.abort()
+    except OSError:
+        pass
+
+
+def _format_peer(peername: object) -> str:
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = peername[0], peername[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(peername)

@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from gateway.accounts import ANONYMOUS, AccessDenied, Accounts
+from gateway.config import AccountConfig, AuthConfig
+from gateway.metering import Metering, Usage
+from gateway.processor import Caller, Processor
+from storage.api import StorageAPI
+from storage.clock import ManualClock
+from storage.model import AppendRequest, BatchEntry, Message, QueueRef
+from tests.gateway.gateway_fakes import MemoryStorage
+
+ACCOUNTS = AuthConfig(
+    mode="accounts",
+    accounts=(
+        AccountConfig(user="alice", password="a", namespaces=("alice",)),
+        AccountConfig(user="bob", password="b", namespaces=("bob",)),
+        AccountConfig(user="ops", password="o", namespaces=("ops",), admin=True),
+    ),
+)
+
+
+class Setup:
+    def __init__(self) -> None:
+        self.storage = MemoryStorage()
+        self.accounts = Accounts(ACCOUNTS)
+        self.metering = Metering()
+        self.processor = Processor(
+            cast(StorageAPI, self.storage), self.accounts, self.metering, ManualClock()
+        )
+
+    def caller(self, user: str, namespace: str, protocol: str = "kafka") -> Caller:
+        principal = self.accounts.authenticate(user, user[0])
+        return Caller(principal=principal, namespace=namespace, protocol=protocol)
+
+
+@pytest.fixture
+async def setup() -> Setup:
+    s = Setup()
+    for ns in ("alice", "bob"):
+        await s.storage.create_namespace(ns)
+        await s.storage.create_topic(ns, "t")
+    return s
+
+
+def request(namespace: str, body: bytes = b"hello") -> AppendRequest:
+    return AppendRequest(entry=Message(body=body), queues=(QueueRef(namespace, "t"),))
+
+
+async def test_own_namespace_works_and_is_metered(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    batch = BatchEntry(format="test", raw=b"0123456789", messages=(Message(), Message()))
+    await setup.processor.append(
+        alice,
+        [request("alice"), AppendRequest(entry=batch, queues=(QueueRef("alice", "t"),))],
+    )
+    result = await setup.processor.read(alice, QueueRef("alice", "t"), 0)
+    assert [m.message.body for m in result.messages] == [b"hello", b"", b""]
+    consumer = Caller(principal=alice.principal, namespace="alice", protocol="amqp")
+    popped = await setup.processor.pop(consumer, "g", [QueueRef("alice", "t")], max_messages=2)
+    assert len(popped) == 2
+    assert setup.metering.snapshot() == [
+        Usage(namespace="alice", protocol="amqp", messages_out=2, bytes_out=5),
+        Usage(
+            namespace="alice",
+            protocol="kafka",
+            messages_in=3,
+            bytes_in=15,
+            messages_out=3,
+            bytes_out=5,
+        ),
+    ]
+
+
+async def test_another_namespace_is_denied(setup: Setup) -> None:
+    alice_in_bob = setup.caller("alice", "bob")
+    calls: list[Any] = [
+        setup.processor.append(alice_in_bob, [request("bob")]),
+        setup.processor.read(alice_in_bob, QueueRef("bob", "t"), 0),
+        setup.processor.pop(alice_in_bob, "g", [QueueRef("bob", "t")]),
+        setup.processor.list_topics(alice_in_bob),
+        setup.processor.create_topic(alice_in_bob, "new"),
+        setup.processor.meta_get(alice_in_bob, "exchange", "x"),
+    ]
+    for call in calls:
+        with pytest.raises(AccessDenied, match="'alice' may not use namespace 'bob'"):
+            await call
+    assert setup.storage.queues == {}  # nothing reached storage
+    assert setup.metering.snapshot() == []
+
+
+async def test_queue_refs_outside_the_callers_namespace_are_refused(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    bob_queue = QueueRef("bob", "t")
+    mixed = AppendRequest(entry=Message(body=b"x"), queues=(QueueRef("alice", "t"), bob_queue))
+    with pytest.raises(AccessDenied, match="outside namespace 'alice'"):
+        await setup.processor.append(alice, [mixed])
+    with pytest.raises(AccessDenied, match="outside namespace 'alice'"):
+        await setup.processor.read(alice, bob_queue, 0)
+    with pytest.raises(AccessDenied, match="outside namespace 'alice'"):
+        await setup.processor.pop(alice, "g", [QueueRef("alice", "t"), bob_queue])
+    with pytest.raises(AccessDenied):
+        await setup.processor.commit_offset(alice, "g", bob_queue, 1)
+    assert setup.storage.queues == {}
+
+
+async def test_admin_and_namespace_management(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    with pytest.raises(AccessDenied, match="may not manage namespaces"):
+        await setup.processor.create_namespace(alice, "alice2")
+    ops = setup.caller("ops", "ops")
+    await setup.processor.create_namespace(ops, "new")
+    assert "new" in await setup.processor.list_namespaces(ops)
+    assert await setup.processor.list_namespaces(alice) == ["alice"]
+    # An admin may act in any namespace.
+    await setup.processor.append(setup.caller("ops", "bob"), [request("bob")])
+
+
+async def test_open_mode_anonymous_may_use_any_namespace() -> None:
+    storage = MemoryStorage()
+    await storage.create_namespace("anything")
+    await storage.create_topic("anything", "t")
+    processor = Processor(
+        cast(StorageAPI, storage), Accounts(AuthConfig()), Metering(), ManualClock()
+    )
+    caller = Caller(principal=ANONYMOUS, namespace="anything", protocol="mqtt")
+    await processor.append(caller, [request("anything")])
+    assert len(storage.queues[QueueRef("anything", "t")]) == 1
+
+
+async def test_over_the_real_engine(tmp_path: Path) -> None:
+    from storage.engine import Engine, EngineConfig
+
+    async with Engine(EngineConfig(data_dir=tmp_path)) as engine:
+        metering = Metering()
+        processor = Processor(engine, Accounts(AuthConfig()), metering, engine.clock)
+        caller = Caller(principal=ANONYMOUS, namespace="default", protocol="kafka")
+        await processor.create_topic(caller, "t")
+        queue = QueueRef("default", "t")
+        [result] = await processor.append(caller, [request("default", b"abc")])
+        assert result.placements[0].queue == queue
+        read = await processor.read(caller, queue, 0)
+        assert [m.message.body for m in read.messages] == [b"abc"]
+        batches = await processor.read_batches(caller, queue, 0)
+        assert sum(b.count for b in batches) == 1
+        [usage] = metering.snapshot()
+        assert (usage.messages_in, usage.bytes_in, usage.messages_out) == (1, 3, 2)
+
+
+def test_processor_covers_every_storage_call() -> None:
+    """Adapters reach storage only through the processor, so it must offer every call
+    of the storage API (lifecycle aside)."""
+    import inspect
+
+    from gateway.processor import Processor
+    from storage.api import StorageAPI
+
+    storage_calls = {
+        name
+        for name, member in inspect.getmembers(StorageAPI, inspect.iscoroutinefunction)
+        if not name.startswith("_")
+    } - {"start", "close"}
+    missing = sorted(n for n in storage_calls if not hasattr(Processor, n))
+    assert missing == []
