@@ -894,6 +894,18 @@ class Engine:
                 if queue.waiters and future in queue.waiters:
                     queue.waiters.remove(future)
 
+    async def _readable(self, ref: QueueRef, offset: int, wait_ms: int) -> QueueIndex:
+        """The queue's index once ``offset`` is valid, after a long poll if it is the end."""
+        self._check_open()
+        _, index = self._queue(ref)
+        self._check_offset(ref, index, offset)
+        if offset >= index.end and wait_ms > 0:
+            await self._wait_for_data([index], self._now() + wait_ms)
+            self._check_open()
+            _, index = self._queue(ref)  # the topic may be gone by now
+            self._check_offset(ref, index, offset)
+        return index
+
     def _check_offset(self, ref: QueueRef, queue: QueueIndex, offset: int) -> None:
         if offset < queue.earliest or offset > queue.end:
             raise OffsetOutOfRange(
@@ -911,14 +923,7 @@ class Engine:
         max_bytes: int = 1 << 20,
         wait_ms: int = 0,
     ) -> ReadResult:
-        self._check_open()
-        _, index = self._queue(queue)
-        self._check_offset(queue, index, offset)
-        if offset >= index.end and wait_ms > 0:
-            await self._wait_for_data([index], self._now() + wait_ms)
-            self._check_open()
-            _, index = self._queue(queue)
-            self._check_offset(queue, index, offset)
+        index = await self._readable(queue, offset, wait_ms)
         messages: list[StoredMessage] = []
         total = 0
         stop = min(index.end, offset + max(1, max_messages))
@@ -943,14 +948,7 @@ class Engine:
         max_bytes: int = 1 << 20,
         wait_ms: int = 0,
     ) -> list[StoredBatch]:
-        self._check_open()
-        _, index = self._queue(queue)
-        self._check_offset(queue, index, offset)
-        if offset >= index.end and wait_ms > 0:
-            await self._wait_for_data([index], self._now() + wait_ms)
-            self._check_open()
-            _, index = self._queue(queue)
-            self._check_offset(queue, index, offset)
+        index = await self._readable(queue, offset, wait_ms)
         batches: list[StoredBatch] = []
         total = 0
         current = offset
