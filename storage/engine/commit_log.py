@@ -104,10 +104,9 @@ class CommitLog:
                 self._drop_segments_from(i)
                 break
 
-    def recover(self, start: int) -> Iterator[tuple[int, memoryview]]:
+    def recover(self, start: int) -> Iterator[tuple[int, bytes]]:
         """Yield ``(position, payload)`` for every valid record at or after ``start``
-        and cut the log after the last valid one. Consume each payload before the
-        next (they view a mapping of the file)."""
+        and cut the log after the last valid one."""
         end = self._segments[-1].end if self._segments else start
         if self._segments and start < self._segments[0].base:
             start = self._segments[0].base
@@ -129,8 +128,10 @@ class CommitLog:
                             if payload is None:
                                 torn_at = local
                                 break
-                            yield segment.base + local, payload
-                            local += HEADER_SIZE + len(payload)
+                            size = len(payload)
+                            # A copy: a view would pin the mapping past its close.
+                            yield segment.base + local, bytes(payload)
+                            local += HEADER_SIZE + size
                             del payload
                     finally:
                         buf.release()

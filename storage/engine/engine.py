@@ -339,9 +339,10 @@ class Engine:
             if topic is None or loaded is None or qid >= len(topic.queues):
                 path.unlink(missing_ok=True)
                 continue
-            base, entries = loaded
+            base, entries, intact = loaded
             queue = topic.queues[qid]
-            queue.base = queue.earliest = queue.file_base = base
+            queue.base = queue.earliest = base
+            queue.file_base = base if intact else None  # torn: rewrite at the checkpoint
             queue.entries = entries
             queue.next_offset = queue.persisted_end = queue.end
         for path in self._index_dir.glob("*.tmp"):

@@ -129,8 +129,10 @@ def write_index_file(path: Path, base: int, data: bytes, *, append: bool) -> Non
     os.replace(tmp, path)
 
 
-def load_index_file(path: Path) -> tuple[int, bytearray] | None:
-    """``(base, entries)`` from a file, whole entries only; ``None`` if unreadable."""
+def load_index_file(path: Path) -> tuple[int, bytearray, bool] | None:
+    """``(base, entries, intact)`` from a file, whole entries only; ``None`` if
+    unreadable. ``intact`` is false when a torn append left part of an entry at the
+    end: the file must then be rewritten, never appended to."""
     data = path.read_bytes()
     if len(data) < _FILE_HEADER.size:
         return None
@@ -138,5 +140,5 @@ def load_index_file(path: Path) -> tuple[int, bytearray] | None:
     if magic != _MAGIC or version != _VERSION:
         return None
     body = data[_FILE_HEADER.size :]
-    whole = len(body) - len(body) % ENTRY_SIZE
-    return int(base), bytearray(body[:whole])
+    torn = len(body) % ENTRY_SIZE
+    return int(base), bytearray(body[: len(body) - torn]), torn == 0
