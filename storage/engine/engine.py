@@ -87,6 +87,9 @@ _FIFO_SCAN_LIMIT = 4096  # offsets a FIFO pop looks ahead past blocked message g
 _DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
 _MAX_QUEUES = 65_536
 _DLQ_PREFIX = "%DLQ%"
+# Metadata values are nested inside the checkpoint's JSON: a bound keeps every value
+# readable back by a JSON parser with a recursion limit.
+_MAX_META_DEPTH = 64
 
 _QueueKey = tuple[int, int]  # (topic id, queue id)
 _GroupKey = tuple[str, str]  # (namespace, group)
@@ -459,7 +462,7 @@ class Engine:
             if record.flags & rec.MESSAGE_SCHEDULED:
                 heapq.heappush(self._due, (record.due_ms, position))
                 self._due_changed.set()
-        elif record.source >= 0:
+        if record.source >= 0:  # a held message made visible (or re-held: delayed commit)
             self._drop_held(record.source)
 
     def _drop_held(self, position: int) -> None:
@@ -837,17 +840,20 @@ class Engine:
 
     # ------------------------------------------------------------------ reading
 
-    def _load(self, position: int, size: int) -> tuple[rec.MessageRecord, Message | BatchEntry]:
+    def _load(
+        self, position: int, size: int, *, messages: bool = True
+    ) -> tuple[rec.MessageRecord, Message | BatchEntry]:
         """Read and decode the message record at ``position``. Decoded batches are
-        cached, since their messages are usually read one offset after another."""
+        cached, since their messages are usually read one offset after another;
+        ``messages=False`` leaves a batch's messages undecoded (raw is enough)."""
         cached = self._decoded.get(position)
         if cached is not None:
             self._decoded.move_to_end(position)
             return cached
         record = rec.decode_record(self._log.read(position, size))
         assert isinstance(record, rec.MessageRecord)
-        entry = rec.decode_entry(record.entry)
-        if isinstance(entry, BatchEntry):
+        entry = rec.decode_entry(record.entry, messages=messages)
+        if isinstance(entry, BatchEntry) and messages:
             self._decoded[position] = (record, entry)
             if len(self._decoded) > _DECODED_CACHE:
                 self._decoded.popitem(last=False)
@@ -956,7 +962,7 @@ class Engine:
         while current < index.end:
             entry = index.get(current)
             base = max(current - entry.batch_index, index.base)
-            record, decoded = self._load(entry.position, entry.size)
+            record, decoded = self._load(entry.position, entry.size, messages=False)
             if isinstance(decoded, BatchEntry):
                 size = len(decoded.raw)
                 batch = StoredBatch(
@@ -1086,7 +1092,8 @@ class Engine:
             group_hash = queue.get(offset).group_hash
             state = cursor.inflight.get(offset)
             if state is not None and state.deadline_ms > now:
-                blocked.add(group_hash)
+                if group_hash:  # messages without a group carry no order
+                    blocked.add(group_hash)
                 continue
             if group_hash in blocked:
                 continue
@@ -1441,6 +1448,8 @@ class Engine:
     async def meta_put(self, namespace: str, kind: str, name: str, value: Any) -> None:
         check_name("metadata kind", kind)
         check_name("metadata name", name)
+        if _nesting_depth(value) > _MAX_META_DEPTH:
+            raise InvalidArgument(f"metadata value is nested deeper than {_MAX_META_DEPTH} levels")
         try:
             value = json.loads(json.dumps(value))
         except (TypeError, ValueError) as exc:
@@ -1594,6 +1603,14 @@ class Engine:
                     queue.earliest = max(
                         queue.earliest, _first_within_bytes(queue, retention_bytes)
                     )
+
+
+def _nesting_depth(value: Any, depth: int = 0) -> int:
+    """How deep lists and dicts nest in ``value`` (stops counting past the bound)."""
+    if depth > _MAX_META_DEPTH or not isinstance(value, list | dict):
+        return depth
+    children = value.values() if isinstance(value, dict) else value
+    return max((_nesting_depth(child, depth + 1) for child in children), default=depth + 1)
 
 
 def _first_within_bytes(queue: QueueIndex, limit: int) -> int:

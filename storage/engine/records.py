@@ -127,70 +127,96 @@ class _Reader:
 
 # -- messages ----------------------------------------------------------------------
 
-# Presence bits of the optional message fields, in encoding order.
-_KEY, _TAG, _GROUP, _DELIVERY, _EXPIRY, _CTYPE, _CORR, _REPLY, _PRODUCER, _BORN_TS, _BORN_HOST = (
-    1 << i for i in range(11)
+# A message: ``u32 flags | u32 body length | u32 property count``, the body, each
+# property as (u32 length, UTF-8 name, u32 length, value), then each optional field
+# whose bit is set in ``flags``, in the order of _OPTIONAL.
+_MESSAGE_FIELDS = struct.Struct("<III")
+_BLOB, _TEXT, _INT = 0, 1, 2
+_OPTIONAL: tuple[tuple[int, str, int], ...] = tuple(
+    (1 << bit, name, kind)
+    for bit, (name, kind) in enumerate(
+        [
+            ("key", _BLOB),
+            ("tag", _TEXT),
+            ("message_group", _TEXT),
+            ("delivery_time_ms", _INT),
+            ("expiry_ms", _INT),
+            ("content_type", _TEXT),
+            ("correlation_id", _BLOB),
+            ("reply_to", _TEXT),
+            ("producer", _TEXT),
+            ("born_timestamp_ms", _INT),
+            ("born_host", _TEXT),
+        ]
+    )
 )
 
 
 def encode_message(message: Message) -> bytes:
-    w = _Writer()
-    flags = 0
-    optional: list[tuple[int, Any, str]] = [
-        (_KEY, message.key, "blob"),
-        (_TAG, message.tag, "text"),
-        (_GROUP, message.message_group, "text"),
-        (_DELIVERY, message.delivery_time_ms, "i64"),
-        (_EXPIRY, message.expiry_ms, "i64"),
-        (_CTYPE, message.content_type, "text"),
-        (_CORR, message.correlation_id, "blob"),
-        (_REPLY, message.reply_to, "text"),
-        (_PRODUCER, message.producer, "text"),
-        (_BORN_TS, message.born_timestamp_ms, "i64"),
-        (_BORN_HOST, message.born_host, "text"),
-    ]
-    for bit, value, _ in optional:
-        if value is not None:
-            flags |= bit
-    w.u32(flags)
-    w.blob(message.body)
-    w.u32(len(message.properties))
+    parts: list[bytes] = [b"", message.body]
+    pack_u32 = _U32.pack
     for name, value in message.properties:
-        w.text(name)
-        w.blob(value)
-    for _, value, how in optional:
-        if value is not None:
-            getattr(w, how)(value)
-    return w.getvalue()
+        encoded = name.encode()
+        parts += (pack_u32(len(encoded)), encoded, pack_u32(len(value)), value)
+    flags = 0
+    for bit, attr, kind in _OPTIONAL:
+        value = getattr(message, attr)
+        if value is None:
+            continue
+        flags |= bit
+        if kind == _INT:
+            parts.append(_I64.pack(value))
+        else:
+            encoded = value.encode() if kind == _TEXT else value
+            parts += (pack_u32(len(encoded)), encoded)
+    parts[0] = _MESSAGE_FIELDS.pack(flags, len(message.body), len(message.properties))
+    return b"".join(parts)
 
 
-def _read_message(r: _Reader) -> Message:
-    flags = r.u32()
-    body = r.blob()
-    properties = tuple((r.text(), r.blob()) for _ in range(r.u32()))
+def _take(buf: bytes | memoryview, pos: int, size: int) -> bytes:
+    end = pos + size
+    if end > len(buf):
+        raise ValueError("length runs past the end of the record")
+    return bytes(buf[pos:end])
 
-    def opt(bit: int, how: str) -> Any:
-        return getattr(r, how)() if flags & bit else None
 
-    return Message(
-        body=body,
-        properties=properties,
-        key=opt(_KEY, "blob"),
-        tag=opt(_TAG, "text"),
-        message_group=opt(_GROUP, "text"),
-        delivery_time_ms=opt(_DELIVERY, "i64"),
-        expiry_ms=opt(_EXPIRY, "i64"),
-        content_type=opt(_CTYPE, "text"),
-        correlation_id=opt(_CORR, "blob"),
-        reply_to=opt(_REPLY, "text"),
-        producer=opt(_PRODUCER, "text"),
-        born_timestamp_ms=opt(_BORN_TS, "i64"),
-        born_host=opt(_BORN_HOST, "text"),
-    )
+def _read_message(buf: bytes | memoryview, pos: int) -> tuple[Message, int]:
+    """Decode the message at ``pos``; return it and the position after it."""
+    flags, body_size, property_count = _MESSAGE_FIELDS.unpack_from(buf, pos)
+    pos += _MESSAGE_FIELDS.size
+    body = _take(buf, pos, body_size)
+    pos += body_size
+    if not flags and not property_count:
+        return Message(body=body), pos  # the common case, kept cheap
+    unpack_u32 = _U32.unpack_from
+    properties = []
+    for _ in range(property_count):
+        (size,) = unpack_u32(buf, pos)
+        name = _take(buf, pos + 4, size).decode()
+        pos += 4 + size
+        (size,) = unpack_u32(buf, pos)
+        properties.append((name, _take(buf, pos + 4, size)))
+        pos += 4 + size
+    fields: dict[str, Any] = {}
+    for bit, attr, kind in _OPTIONAL:
+        if not flags & bit:
+            continue
+        if kind == _INT:
+            (fields[attr],) = _I64.unpack_from(buf, pos)
+            pos += 8
+        else:
+            (size,) = unpack_u32(buf, pos)
+            value = _take(buf, pos + 4, size)
+            fields[attr] = value.decode() if kind == _TEXT else value
+            pos += 4 + size
+    return Message(body=body, properties=tuple(properties), **fields), pos
 
 
 def decode_message(data: bytes | memoryview) -> Message:
-    return _read_message(_Reader(data))
+    message, end = _read_message(data, 0)
+    if end != len(data):
+        raise ValueError("trailing bytes after a message")
+    return message
 
 
 # An entry is one message or one batch: u8 shape (0 single, 1 batch), then the data.
@@ -207,14 +233,31 @@ def encode_entry(entry: Message | BatchEntry) -> bytes:
     return w.getvalue()
 
 
-def decode_entry(data: bytes | memoryview) -> Message | BatchEntry:
-    r = _Reader(data)
-    if r.u8() == 0:
-        return _read_message(r)
+def decode_entry(data: bytes | memoryview, *, messages: bool = True) -> Message | BatchEntry:
+    """Decode an entry. ``messages=False`` skips a batch's messages (its ``raw`` is all
+    a pass-through reader needs)."""
+    if not data:
+        raise ValueError("empty entry")
+    if data[0] == 0:
+        message, end = _read_message(data, 1)
+        if end != len(data):
+            raise ValueError("trailing bytes after a message entry")
+        return message
+    r = _Reader(data, 1)
     fmt = r.text()
     raw = r.blob()
-    messages = tuple(decode_message(r.blob()) for _ in range(r.u32()))
-    return BatchEntry(format=fmt, raw=raw, messages=messages)
+    count = r.u32()
+    if not messages:
+        return BatchEntry(format=fmt, raw=raw, messages=())
+    decoded = []
+    for _ in range(count):
+        size = r.u32()
+        message, end = _read_message(r.buf, r.pos)
+        if end != r.pos + size:
+            raise ValueError("batch member length does not match its content")
+        decoded.append(message)
+        r.pos = end
+    return BatchEntry(format=fmt, raw=raw, messages=tuple(decoded))
 
 
 # -- records -----------------------------------------------------------------------
