@@ -1100,6 +1100,8 @@ class Engine:
             if group_hash:
                 blocked.add(group_hash)
             yield offset
+            if cursor.is_consumed(offset):  # filtered, expired or dead-lettered
+                blocked.discard(group_hash)
 
     async def pop(
         self,
