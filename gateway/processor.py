@@ -135,6 +135,12 @@ class Processor:
         self._check_queues(caller, (queue,))
         return await self._storage.queue_offsets(queue)
 
+    async def delete_records(
+        self, caller: Caller, queue: QueueRef, before_offset: int
+    ) -> QueueOffsets:
+        self._check_queues(caller, (queue,))
+        return await self._storage.delete_records(queue, before_offset)
+
     async def offset_for_timestamp(self, caller: Caller, queue: QueueRef, timestamp_ms: int) -> int:
         self._check_queues(caller, (queue,))
         return await self._storage.offset_for_timestamp(queue, timestamp_ms)

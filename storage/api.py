@@ -79,6 +79,12 @@ class StorageAPI(Protocol):
 
     async def queue_offsets(self, queue: QueueRef) -> QueueOffsets: ...
 
+    async def delete_records(self, queue: QueueRef, before_offset: int) -> QueueOffsets:
+        """Move the queue's earliest offset up to ``before_offset`` (Kafka's
+        DeleteRecords, an AMQP queue dropping consumed messages): earlier messages are
+        no longer readable, and their space is reclaimed with their segments."""
+        ...
+
     async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; ``latest`` if none."""
         ...

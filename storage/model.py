@@ -12,6 +12,7 @@ from enum import StrEnum
 
 __all__ = [
     "DEFAULT_NAMESPACE",
+    "UNLIMITED",
     "AppendRequest",
     "AppendResult",
     "BatchEntry",
@@ -31,6 +32,7 @@ __all__ = [
 ]
 
 DEFAULT_NAMESPACE = "default"
+UNLIMITED = -1  # TopicConfig retention: keep until deleted (Kafka's retention.ms=-1)
 
 
 class MessageType(StrEnum):
@@ -44,8 +46,13 @@ class MessageType(StrEnum):
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicConfig:
-    """A topic's settings. ``None`` retention means the engine's default.
+    """A topic's settings.
 
+    Retention: ``None`` means the engine's default (whole commit-log segments are
+    deleted past the engine's ``retention_ms`` / ``retention_bytes``); a positive value
+    also hides older messages of this topic; ``UNLIMITED`` (-1, Kafka's convention)
+    keeps every message until a consumer removes it with ``delete_records``, as an AMQP
+    queue does: segments holding them are never deleted.
     ``max_message_bytes`` bounds one message's body (and a batch entry's raw bytes)."""
 
     queue_count: int = 1

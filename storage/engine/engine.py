@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import functools
 import heapq
 import json
 import logging
@@ -60,6 +61,7 @@ from storage.errors import (
 )
 from storage.model import (
     DEFAULT_NAMESPACE,
+    UNLIMITED,
     AppendRequest,
     AppendResult,
     BatchEntry,
@@ -112,6 +114,9 @@ class _Topic:
     modified_ms: int
     queues: list[QueueIndex]
 
+    def keeps_everything(self) -> bool:
+        return self.config.retention_ms == UNLIMITED or self.config.retention_bytes == UNLIMITED
+
 
 @dataclass(slots=True)
 class _Held:
@@ -131,8 +136,16 @@ def _config_to_json(config: TopicConfig | GroupConfig) -> dict[str, Any]:
     return asdict(config)
 
 
-def _topic_config(data: dict[str, Any]) -> TopicConfig:
+@functools.lru_cache(maxsize=1024)
+def _interned_topic_config(items: tuple[tuple[str, Any], ...]) -> TopicConfig:
+    data = dict(items)
     return TopicConfig(**{**data, "message_type": MessageType(data["message_type"])})
+
+
+def _topic_config(data: dict[str, Any]) -> TopicConfig:
+    """One shared object per distinct config: 100,000 one-queue topics (AMQP queues,
+    MQTT sessions) mostly share a handful."""
+    return _interned_topic_config(tuple(sorted(data.items())))
 
 
 class Engine:
@@ -264,10 +277,11 @@ class Engine:
         self._next_topic_id = int(s["next_topic_id"])
         self._pop_seq = int(s["pop_seq"])
         self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
-        for tid, ns, name, config, created, modified, count in s["topics"]:
-            self._add_topic(
-                _Topic(int(tid), ns, name, _topic_config(config), created, modified, []), count
-            )
+        for tid, ns, name, config, created, modified, count, earliest in s["topics"]:
+            topic = _Topic(int(tid), ns, name, _topic_config(config), created, modified, [])
+            self._add_topic(topic, count)
+            for queue, offset in zip(topic.queues, earliest, strict=True):
+                queue.earliest = offset
         for ns, group, config in s["groups"]:
             self._group_configs[(ns, group)] = GroupConfig(**config)
         for ns, group, tid, qid, offset, metadata, ms in s["offsets"]:
@@ -301,6 +315,7 @@ class Engine:
                     t.created_ms,
                     t.modified_ms,
                     len(t.queues),
+                    [q.earliest for q in t.queues],
                 ]
                 for t in self._topics.values()
             ],
@@ -344,7 +359,7 @@ class Engine:
                 continue
             base, entries, intact = loaded
             queue = topic.queues[qid]
-            queue.base = queue.earliest = base
+            queue.base = base
             queue.file_base = base if intact else None  # torn: rewrite at the checkpoint
             queue.entries = entries
             queue.next_offset = queue.persisted_end = queue.end
@@ -360,6 +375,7 @@ class Engine:
                     queue.truncate(queue.first_offset_where("position", end))
                 if queue.end > queue.base and queue.position(queue.base) < start:
                     queue.trim_to(queue.first_offset_where("position", start))
+                queue.earliest = min(max(queue.earliest, queue.base), queue.end)
                 queue.next_offset = queue.end
 
     def _restore_held(self, position: int, size: int) -> None:
@@ -428,6 +444,11 @@ class Engine:
                     del cursors[queue_key]
             for queue in topic.queues:
                 queue.wake()
+        elif kind == "trim":
+            trimmed = self._topics_by_id.get(op["id"])
+            if trimmed is not None and op["queue"] < len(trimmed.queues):
+                queue = trimmed.queues[op["queue"]]
+                queue.earliest = max(queue.earliest, min(op["offset"], queue.end))
         elif kind == "group_config":
             self._group_configs[(op["ns"], op["group"])] = GroupConfig(**op["config"])
         elif kind == "offsets_delete":
@@ -611,10 +632,14 @@ class Engine:
     def _check_topic_config(config: TopicConfig) -> None:
         if not 1 <= config.queue_count <= _MAX_QUEUES:
             raise InvalidArgument(f"queue_count must be 1..{_MAX_QUEUES}, got {config.queue_count}")
-        for name in ("retention_ms", "retention_bytes", "max_message_bytes"):
+        for name in ("retention_ms", "retention_bytes"):
             value = getattr(config, name)
-            if value is not None and value <= 0:
-                raise InvalidArgument(f"{name} must be positive, got {value}")
+            if value is not None and value <= 0 and value != UNLIMITED:
+                raise InvalidArgument(f"{name} must be positive or {UNLIMITED}, got {value}")
+        if config.max_message_bytes is not None and config.max_message_bytes <= 0:
+            raise InvalidArgument(
+                f"max_message_bytes must be positive, got {config.max_message_bytes}"
+            )
 
     async def create_topic(
         self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
@@ -670,6 +695,20 @@ class Engine:
     async def queue_offsets(self, queue: QueueRef) -> QueueOffsets:
         self._check_open()
         _, index = self._queue(queue)
+        return QueueOffsets(index.earliest, index.end)
+
+    async def delete_records(self, queue: QueueRef, before_offset: int) -> QueueOffsets:
+        await self._writable()
+        topic, index = self._queue(queue)
+        if not 0 <= before_offset <= index.end:
+            raise OffsetOutOfRange(
+                f"offset {before_offset} is outside [0, {index.end}] of {queue}",
+                earliest=index.earliest,
+                latest=index.end,
+            )
+        if before_offset > index.earliest:
+            end = self._meta(op="trim", id=topic.id, queue=queue.queue_id, offset=before_offset)
+            await self._log.wait_durable(end)
         return QueueOffsets(index.earliest, index.end)
 
     async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
@@ -1570,7 +1609,7 @@ class Engine:
         self._check_open()
         async with self._maintenance_lock:
             now_s = self._now() / 1000
-            limit = min([self._checkpoint_position, *self._held])
+            limit = min([self._checkpoint_position, *self._held, *self._kept_positions()])
             stats = self._log.segment_stats()
             total = sum(size for _, size, _ in stats)
             delete_below = 0
@@ -1593,15 +1632,23 @@ class Engine:
                         queue.trim_to(queue.first_offset_where("position", start))
             self._apply_topic_retention()
 
+    def _kept_positions(self) -> Iterator[int]:
+        """The first log position each queue of an unlimited-retention topic still needs."""
+        for topic in self._topics.values():
+            if topic.keeps_everything():
+                for queue in topic.queues:
+                    if queue.earliest < queue.end:
+                        yield queue.position(queue.earliest)
+
     def _apply_topic_retention(self) -> None:
         now = self._now()
         for topic in self._topics.values():
             retention_ms, retention_bytes = topic.config.retention_ms, topic.config.retention_bytes
             for queue in topic.queues:
-                if retention_ms is not None:
+                if retention_ms is not None and retention_ms != UNLIMITED:
                     first = queue.first_offset_where("store_ms", now - retention_ms)
                     queue.earliest = max(queue.earliest, first)
-                if retention_bytes is not None:
+                if retention_bytes is not None and retention_bytes != UNLIMITED:
                     queue.earliest = max(
                         queue.earliest, _first_within_bytes(queue, retention_bytes)
                     )

@@ -10,6 +10,7 @@ from storage import errors
 from storage.clock import ManualClock
 from storage.engine import Engine
 from storage.model import (
+    UNLIMITED,
     AppendRequest,
     BatchEntry,
     GroupConfig,
@@ -560,6 +561,41 @@ async def test_topic_retention_by_time(storage: Engine, clock: ManualClock) -> N
     await put(storage, b"new")
     await storage.enforce_retention()
     assert await storage.queue_offsets(q()) == QueueOffsets(1, 2)
+
+
+async def test_delete_records_moves_the_start_and_survives_restart(
+    make_engine: EngineFactory,
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        await put(storage, b"a", b"b", b"c")
+        assert await storage.delete_records(q(), 2) == QueueOffsets(2, 3)
+        assert await storage.delete_records(q(), 1) == QueueOffsets(2, 3)  # never moves back
+        with pytest.raises(errors.OffsetOutOfRange):
+            await storage.delete_records(q(), 4)
+        with pytest.raises(errors.OffsetOutOfRange):
+            await storage.read(q(), 1)
+        await storage.checkpoint()
+        await storage.delete_records(q(), 3)  # after the checkpoint: replayed from the log
+    async with make_engine() as storage:
+        assert await storage.queue_offsets(q()) == QueueOffsets(3, 3)
+
+
+async def test_unlimited_retention_keeps_unconsumed_segments(make_engine: EngineFactory) -> None:
+    async with make_engine(segment_bytes=4096, retention_bytes=4096) as storage:
+        await storage.create_topic(NS, "kept", TopicConfig(retention_ms=UNLIMITED))
+        await storage.create_topic(NS, "t")
+        await put(storage, b"k" * 500, queue=q("kept"))
+        for _ in range(40):
+            await put(storage, b"x" * 500)
+        await storage.checkpoint()
+        await storage.enforce_retention()
+        assert (await storage.queue_offsets(q())).earliest == 0  # held by "kept"
+        await storage.delete_records(q("kept"), 1)  # consumed: now it may go
+        await storage.checkpoint()
+        await storage.enforce_retention()
+        assert (await storage.queue_offsets(q())).earliest > 0
+        assert await storage.queue_offsets(q("kept")) == QueueOffsets(1, 1)
 
 
 async def test_closed_engine_refuses_calls(make_engine: EngineFactory) -> None:
