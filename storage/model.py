@@ -127,17 +127,26 @@ class Message:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BatchEntry:
-    """A producer batch kept as one stored entry spanning ``len(messages)`` offsets.
+    """A producer batch kept as one stored entry spanning ``count`` offsets.
 
     ``raw`` is served back byte for byte by ``read_batches`` (a Kafka record batch is
-    returned as produced); ``messages`` is what other protocols read one by one.
-    ``format`` names the producer's encoding of ``raw`` (e.g. ``"kafka.v2"``) so a
-    reader knows what it gets; storage never interprets it.
+    returned as produced); other protocols read it one message at a time. ``format``
+    names the producer's encoding of ``raw`` (e.g. ``"kafka.v2"``).
+
+    Either give ``messages`` (stored beside ``raw``), or leave them out and give
+    ``count``: then ``format`` must be registered in :mod:`storage.batch_formats`, and
+    readers expand ``raw`` when they want messages, so the bytes are stored once.
     """
 
     format: str
     raw: bytes
-    messages: tuple[Message, ...]
+    messages: tuple[Message, ...] = ()
+    count: int = 0
+
+    @property
+    def size(self) -> int:
+        """How many offsets the entry spans."""
+        return len(self.messages) or self.count
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,6 +32,7 @@ from typing import Any
 
 import crc32c
 
+from storage import batch_formats
 from storage.clock import Clock, SystemClock
 from storage.engine import records as rec
 from storage.engine.commit_log import HEADER_SIZE, CommitLog
@@ -55,6 +56,7 @@ from storage.errors import (
     OffsetOutOfRange,
     QueueNotFound,
     StorageClosed,
+    StorageError,
     TopicAlreadyExists,
     TopicNotFound,
     TransactionNotFound,
@@ -738,10 +740,14 @@ class Engine:
         entry = request.entry
         size = len(entry.body) if isinstance(entry, Message) else len(entry.raw)
         if isinstance(entry, BatchEntry):
-            if not entry.messages:
-                raise InvalidArgument("a batch entry needs at least one message")
-            if len(entry.messages) > 0xFFFF:
-                raise InvalidArgument("a batch entry holds at most 65535 messages")
+            if entry.messages and entry.count not in (0, len(entry.messages)):
+                raise InvalidArgument("a batch entry's count does not match its messages")
+            if not entry.messages and not batch_formats.is_registered(entry.format):
+                raise InvalidArgument(
+                    f"a batch entry of unregistered format {entry.format!r} needs its messages"
+                )
+            if not 1 <= entry.size <= 0xFFFF:
+                raise InvalidArgument("a batch entry spans 1 to 65535 offsets")
             size = max(size, sum(len(m.body) for m in entry.messages))
             now = self._now()
             if any((m.delivery_time_ms or 0) > now for m in entry.messages):
@@ -766,9 +772,13 @@ class Engine:
         it is durable. Synchronous: no other task runs between check and reserve."""
         assert self._ids is not None
         now = self._now()
-        first = entry if isinstance(entry, Message) else entry.messages[0]
-        count = 1 if isinstance(entry, Message) else len(entry.messages)
-        due = first.delivery_time_ms or 0
+        if isinstance(entry, Message):
+            first: Message | None = entry
+            count = 1
+        else:
+            first = entry.messages[0] if entry.messages else None
+            count = entry.size
+        due = (first.delivery_time_ms or 0) if first is not None else 0
         if not flags and isinstance(entry, Message) and due > now:
             flags = rec.MESSAGE_SCHEDULED
         held = bool(flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF))
@@ -788,8 +798,8 @@ class Engine:
             source=source,
             count=count,
             due_ms=due,
-            group_hash=_hash(first.message_group),
-            tag_hash=_hash(first.tag),
+            group_hash=_hash(first.message_group) if first is not None else 0,
+            tag_hash=_hash(first.tag) if first is not None else 0,
             dispatches=tuple(dispatches),
             aux=aux,
             entry=encoded if encoded is not None else rec.encode_entry(entry),
@@ -892,6 +902,8 @@ class Engine:
         record = rec.decode_record(self._log.read(position, size))
         assert isinstance(record, rec.MessageRecord)
         entry = rec.decode_entry(record.entry, messages=messages)
+        if isinstance(entry, BatchEntry) and messages and not entry.messages:
+            entry = replace(entry, messages=batch_formats.expand(entry.format, entry.raw))
         if isinstance(entry, BatchEntry) and messages:
             self._decoded[position] = (record, entry)
             if len(self._decoded) > _DECODED_CACHE:
@@ -905,6 +917,11 @@ class Engine:
         message_id = record.message_id
         if entry.batch_count > 1:
             message_id = f"{message_id}-{entry.batch_index}"
+        if entry.batch_index >= len(decoded.messages):
+            raise StorageError(
+                f"batch at position {entry.position} expanded to {len(decoded.messages)} "
+                f"messages, fewer than its {entry.batch_count} offsets"
+            )
         return decoded.messages[entry.batch_index], message_id
 
     def _stored(self, ref: QueueRef, queue: QueueIndex, offset: int, **extra: Any) -> StoredMessage:

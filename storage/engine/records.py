@@ -219,15 +219,19 @@ def decode_message(data: bytes | memoryview) -> Message:
     return message
 
 
-# An entry is one message or one batch: u8 shape (0 single, 1 batch), then the data.
+# An entry is one message or one batch: u8 shape, then the data. A batch is its format,
+# raw bytes and offset count, then (shape _BATCH_WITH_MESSAGES) each message.
+_SINGLE, _BATCH_WITH_MESSAGES, _BATCH_RAW_ONLY = 0, 1, 2
+
+
 def encode_entry(entry: Message | BatchEntry) -> bytes:
     if isinstance(entry, Message):
         return b"\x00" + encode_message(entry)
     w = _Writer()
-    w.u8(1)
+    w.u8(_BATCH_WITH_MESSAGES if entry.messages else _BATCH_RAW_ONLY)
     w.text(entry.format)
     w.blob(entry.raw)
-    w.u32(len(entry.messages))
+    w.u32(entry.size)
     for message in entry.messages:
         w.blob(encode_message(message))
     return w.getvalue()
@@ -238,17 +242,20 @@ def decode_entry(data: bytes | memoryview, *, messages: bool = True) -> Message 
     a pass-through reader needs)."""
     if not data:
         raise ValueError("empty entry")
-    if data[0] == 0:
+    shape = data[0]
+    if shape == _SINGLE:
         message, end = _read_message(data, 1)
         if end != len(data):
             raise ValueError("trailing bytes after a message entry")
         return message
+    if shape not in (_BATCH_WITH_MESSAGES, _BATCH_RAW_ONLY):
+        raise ValueError(f"unknown entry shape {shape}")
     r = _Reader(data, 1)
     fmt = r.text()
     raw = r.blob()
     count = r.u32()
-    if not messages:
-        return BatchEntry(format=fmt, raw=raw, messages=())
+    if not messages or shape == _BATCH_RAW_ONLY:
+        return BatchEntry(format=fmt, raw=raw, count=count)
     decoded = []
     for _ in range(count):
         size = r.u32()

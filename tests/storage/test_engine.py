@@ -604,3 +604,41 @@ async def test_closed_engine_refuses_calls(make_engine: EngineFactory) -> None:
     await storage.close()
     with pytest.raises(errors.StorageClosed):
         await storage.create_topic(NS, "t")
+
+
+async def test_registered_batch_format_is_stored_once_and_expanded_on_read(
+    storage: Engine,
+) -> None:
+    """A format with a registered expander keeps only the raw bytes; reads one message
+    at a time expand them."""
+    from storage import batch_formats
+
+    def split_lines(raw: bytes) -> tuple[Message, ...]:
+        return tuple(Message(body=line) for line in raw.split(b"\n"))
+
+    batch_formats.register("test.lines", split_lines)
+    await storage.create_topic(NS, "t")
+    raw = b"one\ntwo\nthree"
+    await storage.append(
+        [AppendRequest(entry=BatchEntry(format="test.lines", raw=raw, count=3), queues=(q(),))]
+    )
+    assert [m.message.body for m in (await storage.read(q(), 0)).messages] == [
+        b"one",
+        b"two",
+        b"three",
+    ]
+    [batch] = await storage.read_batches(q(), 1)
+    assert (batch.base_offset, batch.count, batch.raw) == (0, 3, raw)
+    with pytest.raises(errors.InvalidArgument, match="unregistered"):
+        await storage.append(
+            [AppendRequest(entry=BatchEntry(format="nope", raw=b"x", count=1), queues=(q(),))]
+        )
+    with pytest.raises(errors.InvalidArgument, match="count"):
+        await storage.append(
+            [
+                AppendRequest(
+                    entry=BatchEntry(format="x", raw=b"", messages=(Message(),), count=2),
+                    queues=(q(),),
+                )
+            ]
+        )
