@@ -30,6 +30,7 @@ from pathlib import Path
 import crc32c
 
 from storage.engine.config import Durability
+from storage.engine.snapshot import fsync_directory
 from storage.errors import StorageClosed, StorageFailed
 
 __all__ = ["HEADER_SIZE", "CommitLog"]
@@ -178,11 +179,7 @@ class CommitLog:
         return segment
 
     def _fsync_dir(self) -> None:
-        fd = os.open(self._dir, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory(self._dir)
 
     # -- positions ----------------------------------------------------------------
 

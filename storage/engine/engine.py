@@ -46,7 +46,7 @@ from storage.engine.queue_index import (
     load_index_file,
     write_index_file,
 )
-from storage.engine.snapshot import read_snapshot, write_snapshot
+from storage.engine.snapshot import fsync_directory, read_snapshot, write_snapshot
 from storage.errors import (
     InvalidArgument,
     InvalidReceipt,
@@ -1614,6 +1614,8 @@ class Engine:
     ) -> None:
         for _, path, data, _, base, append in writes:
             write_index_file(path, base, data, append=append)
+        if writes:  # new and renamed index files must be on disk before the snapshot
+            fsync_directory(self._index_dir)
         write_snapshot(self._dir, state)
         for tid in dead_topic_ids:
             for path in self._index_dir.glob(f"{tid}-*.idx"):

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_snapshot", "write_snapshot"]
+__all__ = ["fsync_directory", "read_snapshot", "write_snapshot"]
 
 _NAME = "checkpoint.json"
 
@@ -24,6 +24,11 @@ def write_snapshot(directory: Path, state: dict[str, Any]) -> None:
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
+    fsync_directory(directory)
+
+
+def fsync_directory(directory: Path) -> None:
+    """Make created, renamed and deleted names in ``directory`` durable."""
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
