@@ -30,7 +30,7 @@ from pathlib import Path
 import crc32c
 
 from storage.engine.config import Durability
-from storage.engine.snapshot import fsync_directory
+from storage.engine.files import fsync_directory
 from storage.errors import StorageClosed, StorageFailed
 
 __all__ = ["HEADER_SIZE", "CommitLog"]

@@ -37,6 +37,7 @@ from storage.clock import Clock, SystemClock
 from storage.engine import records as rec
 from storage.engine.commit_log import HEADER_SIZE, CommitLog
 from storage.engine.config import Durability, EngineConfig
+from storage.engine.files import fsync_directory
 from storage.engine.ids import MessageIds, decode_receipt, encode_receipt, load_node_id
 from storage.engine.pop_state import Inflight, PopCursor
 from storage.engine.queue_index import (
@@ -46,7 +47,7 @@ from storage.engine.queue_index import (
     load_index_file,
     write_index_file,
 )
-from storage.engine.snapshot import fsync_directory, read_snapshot, write_snapshot
+from storage.engine.snapshot import read_snapshot, write_snapshot
 from storage.errors import (
     InvalidArgument,
     InvalidReceipt,

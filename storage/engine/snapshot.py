@@ -11,7 +11,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-__all__ = ["fsync_directory", "read_snapshot", "write_snapshot"]
+from storage.engine.files import fsync_directory
+
+__all__ = ["read_snapshot", "write_snapshot"]
 
 _NAME = "checkpoint.json"
 
@@ -25,23 +27,3 @@ def write_snapshot(directory: Path, state: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_directory(directory)
-
-
-def fsync_directory(directory: Path) -> None:
-    """Make created, renamed and deleted names in ``directory`` durable."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def read_snapshot(directory: Path) -> dict[str, Any] | None:
-    path = directory / _NAME
-    if not path.exists():
-        return None
-    with open(path, encoding="utf-8") as handle:
-        state = json.load(handle)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a checkpoint")
-    return state
