@@ -15,14 +15,3 @@ def fsync_directory(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def read_snapshot(directory: Path) -> dict[str, Any] | None:
-    path = directory / _NAME
-    if not path.exists():
-        return None
-    with open(path, encoding="utf-8") as handle:
-        state = json.load(handle)
-    if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a checkpoint")
-    return state

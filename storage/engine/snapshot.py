@@ -27,3 +27,14 @@ def write_snapshot(directory: Path, state: dict[str, Any]) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_directory(directory)
+
+
+def read_snapshot(directory: Path) -> dict[str, Any] | None:
+    path = directory / _NAME
+    if not path.exists():
+        return None
+    with open(path, encoding="utf-8") as handle:
+        state = json.load(handle)
+    if not isinstance(state, dict):
+        raise ValueError(f"{path} is not a checkpoint")
+    return state
