@@ -547,12 +547,12 @@ class Engine:
         key = self._group_of(record.topic_id, record.group)
         if key is None:
             return
+        self._pop_seq = max(self._pop_seq, record.seq)  # never reuse a receipt's seq
         cursor = self._cursor(key, record.topic_id, record.queue_id)
         if cursor.is_consumed(record.offset):
             return
         state = Inflight(record.deadline_ms, record.attempt, record.seq, record.first_pop_ms)
         cursor.hand_out(record.offset, state)
-        self._pop_seq = max(self._pop_seq, record.seq)
 
     def _apply_ack(self, record: rec.Ack) -> None:
         key = self._group_of(record.topic_id, record.group)
@@ -1144,7 +1144,7 @@ class Engine:
         blocked: set[int] = set()
         stop = min(queue.end, cursor.done_below + _FIFO_SCAN_LIMIT)
         for offset in range(cursor.done_below, stop):
-            if offset in cursor.acked:
+            if cursor.is_consumed(offset):  # done_below moves while this runs
                 continue
             group_hash = queue.get(offset).group_hash
             state = cursor.inflight.get(offset)
