@@ -360,12 +360,29 @@ class CommitLog:
         data = os.pread(segment.fd, size, position - segment.base)
         return data[HEADER_SIZE:]
 
-    def read_span(self, start: int, end: int) -> tuple[int, bytes]:
-        """Raw framed bytes from ``start`` up to ``end`` within one segment (for reading
-        several neighbouring records with one system call)."""
-        segment = self._segments[self._segment_index(start)]
-        end = min(end, segment.end)
-        return start, os.pread(segment.fd, end - start, start - segment.base)
+    def read_many(self, records: list[tuple[int, int]], *, max_gap: int = 4096) -> list[memoryview]:
+        """Payloads of ``(position, framed size)`` records given in position order.
+        Neighbours in one segment (gaps up to ``max_gap``) share one system call."""
+        payloads: list[memoryview] = []
+        i = 0
+        while i < len(records):
+            start, size = records[i]
+            segment = self._segments[self._segment_index(start)]
+            j, end = i + 1, start + size
+            while j < len(records):
+                position, next_size = records[j]
+                if not 0 <= position - end <= max_gap or position + next_size > segment.end:
+                    break
+                end = position + next_size
+                j += 1
+            if start < segment.base or end > segment.end:
+                raise ValueError(f"position {start} is not in the log")
+            view = memoryview(os.pread(segment.fd, end - start, start - segment.base))
+            for position, record_size in records[i:j]:
+                local = position - start
+                payloads.append(view[local + HEADER_SIZE : local + record_size])
+            i = j
+        return payloads
 
     # -- retention ----------------------------------------------------------------
 

@@ -180,9 +180,7 @@ class Engine:
         self._kv: dict[tuple[str, str], dict[str, Any]] = {}
         self._pop_seq = 0
         self._rotation = 0
-        self._decoded: OrderedDict[int, tuple[rec.MessageRecord, Message | BatchEntry]] = (
-            OrderedDict()
-        )
+        self._decoded: OrderedDict[int, tuple[str, Message | BatchEntry]] = OrderedDict()
         self._ids: MessageIds | None = None
         self._gate = asyncio.Event()
         self._gate.set()
@@ -890,44 +888,56 @@ class Engine:
 
     # ------------------------------------------------------------------ reading
 
+    def _decode_at(
+        self, position: int, payload: bytes | memoryview, *, messages: bool = True
+    ) -> tuple[str, Message | BatchEntry]:
+        """Message id and entry of the message record at ``position``. Decoded batches
+        are cached, since their messages are usually read one offset after another;
+        ``messages=False`` leaves a batch's messages undecoded (raw is enough)."""
+        message_id, encoded = rec.read_message_entry(payload)
+        entry = rec.decode_entry(encoded, messages=messages)
+        if isinstance(entry, BatchEntry) and messages:
+            if not entry.messages:
+                entry = replace(entry, messages=batch_formats.expand(entry.format, entry.raw))
+            self._decoded[position] = (message_id, entry)
+            if len(self._decoded) > _DECODED_CACHE:
+                self._decoded.popitem(last=False)
+        return message_id, entry
+
     def _load(
         self, position: int, size: int, *, messages: bool = True
-    ) -> tuple[rec.MessageRecord, Message | BatchEntry]:
-        """Read and decode the message record at ``position``. Decoded batches are
-        cached, since their messages are usually read one offset after another;
-        ``messages=False`` leaves a batch's messages undecoded (raw is enough)."""
+    ) -> tuple[str, Message | BatchEntry]:
         cached = self._decoded.get(position)
         if cached is not None:
             self._decoded.move_to_end(position)
             return cached
-        record = rec.decode_record(self._log.read(position, size))
-        assert isinstance(record, rec.MessageRecord)
-        entry = rec.decode_entry(record.entry, messages=messages)
-        if isinstance(entry, BatchEntry) and messages and not entry.messages:
-            entry = replace(entry, messages=batch_formats.expand(entry.format, entry.raw))
-        if isinstance(entry, BatchEntry) and messages:
-            self._decoded[position] = (record, entry)
-            if len(self._decoded) > _DECODED_CACHE:
-                self._decoded.popitem(last=False)
-        return record, entry
+        return self._decode_at(position, self._log.read(position, size), messages=messages)
 
-    def _message_at(self, entry: IndexEntry) -> tuple[Message, str]:
-        record, decoded = self._load(entry.position, entry.size)
-        if isinstance(decoded, Message):
-            return decoded, record.message_id
-        message_id = record.message_id
-        if entry.batch_count > 1:
-            message_id = f"{message_id}-{entry.batch_index}"
-        if entry.batch_index >= len(decoded.messages):
-            raise StorageError(
-                f"batch at position {entry.position} expanded to {len(decoded.messages)} "
-                f"messages, fewer than its {entry.batch_count} offsets"
-            )
-        return decoded.messages[entry.batch_index], message_id
+    def _messages_at(self, entries: Sequence[IndexEntry]) -> list[tuple[Message, str]]:
+        """The messages of several index entries, neighbours read with one call."""
+        wanted: dict[int, int] = {}
+        for entry in entries:
+            if entry.position not in self._decoded:
+                wanted.setdefault(entry.position, entry.size)
+        spans = list(wanted.items())
+        payloads = dict(zip(wanted, self._log.read_many(spans), strict=True))
+        decoded: dict[int, tuple[str, Message | BatchEntry]] = {}
+        result = []
+        for entry in entries:
+            found = decoded.get(entry.position)
+            if found is None:
+                payload = payloads.get(entry.position)
+                found = decoded[entry.position] = (
+                    self._load(entry.position, entry.size)
+                    if payload is None
+                    else self._decode_at(entry.position, payload)
+                )
+            result.append(_member(entry, *found))
+        return result
 
     def _stored(self, ref: QueueRef, queue: QueueIndex, offset: int, **extra: Any) -> StoredMessage:
         entry = queue.get(offset)
-        message, message_id = self._message_at(entry)
+        [(message, message_id)] = self._messages_at([entry])
         return StoredMessage(
             message=message,
             queue=ref,
@@ -991,12 +1001,22 @@ class Engine:
         messages: list[StoredMessage] = []
         total = 0
         stop = min(index.end, offset + max(1, max_messages))
-        for current in range(offset, stop):
-            stored = self._stored(queue, index, current)
-            total += len(stored.message.body)
+        entries = [index.get(current) for current in range(offset, stop)]
+        for current, entry, (message, message_id) in zip(
+            range(offset, stop), entries, self._messages_at(entries), strict=True
+        ):
+            total += len(message.body)
             if messages and total > max_bytes:
                 break
-            messages.append(stored)
+            messages.append(
+                StoredMessage(
+                    message=message,
+                    queue=queue,
+                    offset=current,
+                    message_id=message_id,
+                    store_timestamp_ms=entry.store_ms,
+                )
+            )
         next_offset = offset + len(messages)
         return ReadResult(
             messages=tuple(messages),
@@ -1019,7 +1039,7 @@ class Engine:
         while current < index.end:
             entry = index.get(current)
             base = max(current - entry.batch_index, index.base)
-            record, decoded = self._load(entry.position, entry.size, messages=False)
+            message_id, decoded = self._load(entry.position, entry.size, messages=False)
             if isinstance(decoded, BatchEntry):
                 size = len(decoded.raw)
                 batch = StoredBatch(
@@ -1036,7 +1056,7 @@ class Engine:
                     message=decoded,
                     queue=queue,
                     offset=current,
-                    message_id=record.message_id,
+                    message_id=message_id,
                     store_timestamp_ms=entry.store_ms,
                 )
                 batch = StoredBatch(
@@ -1229,7 +1249,7 @@ class Engine:
             cursor = self._cursor((namespace, group), topic.id, ref.queue_id)
             for offset in self._pop_candidates(cursor, queue, config.fifo, now):
                 entry = queue.get(offset)
-                message, message_id = self._message_at(entry)
+                [(message, message_id)] = self._messages_at([entry])
                 previous = cursor.inflight.get(offset)
                 attempt = previous.attempt + 1 if previous else 1
                 consumed = (tag_hashes is not None and entry.tag_hash not in tag_hashes) or (
@@ -1672,6 +1692,22 @@ class Engine:
                     queue.earliest = max(
                         queue.earliest, _first_within_bytes(queue, retention_bytes)
                     )
+
+
+def _member(
+    entry: IndexEntry, message_id: str, decoded: Message | BatchEntry
+) -> tuple[Message, str]:
+    """The message an index entry names: the entry itself, or one member of a batch."""
+    if isinstance(decoded, Message):
+        return decoded, message_id
+    if entry.batch_index >= len(decoded.messages):
+        raise StorageError(
+            f"batch at position {entry.position} expanded to {len(decoded.messages)} "
+            f"messages, fewer than its {entry.batch_count} offsets"
+        )
+    if entry.batch_count > 1:
+        message_id = f"{message_id}-{entry.batch_index}"
+    return decoded.messages[entry.batch_index], message_id
 
 
 def _nesting_depth(value: Any, depth: int = 0) -> int:

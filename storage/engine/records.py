@@ -31,6 +31,7 @@ __all__ = [
     "encode_entry",
     "encode_message",
     "encode_record",
+    "read_message_entry",
 ]
 
 _U8 = struct.Struct("<B")
@@ -500,6 +501,22 @@ def decode_record(payload: bytes | memoryview) -> Record:
         namespace, topic, key = r.text(), r.text(), r.blob()
         return Latest(namespace, topic, key, r.rest() if r.u8() else None)
     raise ValueError(f"unknown record kind {kind}")
+
+
+def read_message_entry(payload: bytes | memoryview) -> tuple[str, memoryview]:
+    """The message id and the encoded entry of a MESSAGE payload, without decoding the
+    rest: what a reader needs (the hot path of every read and pop)."""
+    head = _MESSAGE_HEAD.unpack_from(payload)
+    if head[0] != Kind.MESSAGE:
+        raise ValueError(f"record kind {head[0]} is not a message")
+    id_len, aux_len, n_dispatches = head[8], head[9], head[10]
+    start = _MESSAGE_HEAD.size
+    view = memoryview(payload)
+    message_id = bytes(view[start : start + id_len]).decode()
+    entry_start = start + id_len + aux_len + n_dispatches * _DISPATCH.size
+    if entry_start > len(view):
+        raise ValueError("message record is shorter than its header says")
+    return message_id, view[entry_start:]
 
 
 def _tail_text(payload: bytes | memoryview, start: int, size: int) -> str:
