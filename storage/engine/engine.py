@@ -512,18 +512,9 @@ class Engine:
                     dispatch.offset,
                 )
                 continue
-            for index in range(record.count):
-                queue.append(
-                    IndexEntry(
-                        position,
-                        size,
-                        index,
-                        record.count,
-                        record.store_ms,
-                        record.group_hash,
-                        record.tag_hash,
-                    )
-                )
+            queue.append_record(
+                position, size, record.count, record.store_ms, record.group_hash, record.tag_hash
+            )
             queue.next_offset = max(queue.next_offset, queue.end)
             if queue.waiters:
                 queue.wake()
@@ -730,7 +721,7 @@ class Engine:
             raise InvalidArgument("entry must be a Message or a BatchEntry")
         if not request.queues:
             raise InvalidArgument("an append needs at least one queue")
-        if len(set(request.queues)) != len(request.queues):
+        if len(request.queues) > 1 and len(set(request.queues)) != len(request.queues):
             raise InvalidArgument("the same queue appears twice in one append")
         targets = []
         for ref in request.queues:
@@ -811,18 +802,18 @@ class Engine:
         self._apply_message(position, size, record)
         return record, position
 
-    def _result(self, record: rec.MessageRecord) -> AppendResult:
-        placements = []
-        for d in record.dispatches:
-            topic = self._topics_by_id.get(d.topic_id)
-            if topic is not None and d.offset >= 0:
-                placements.append(
-                    Placement(QueueRef(topic.namespace, topic.name, d.queue_id), d.offset)
-                )
+    @staticmethod
+    def _result(record: rec.MessageRecord, queues: Sequence[QueueRef]) -> AppendResult:
+        """``queues`` are the refs the record was dispatched to, in dispatch order."""
+        placements = tuple(
+            Placement(ref, d.offset)
+            for ref, d in zip(queues, record.dispatches, strict=True)
+            if d.offset >= 0
+        )
         return AppendResult(
             message_id=record.message_id,
             store_timestamp_ms=record.store_ms,
-            placements=tuple(placements),
+            placements=placements,
         )
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
@@ -830,7 +821,9 @@ class Engine:
         checked = [(r, self._validate_append(r)) for r in requests]
         appended = [self._append_now(r.entry, targets)[0] for r, targets in checked]
         await self._log.wait_durable()
-        return [self._result(record) for record in appended]
+        return [
+            self._result(record, r.queues) for record, (r, _) in zip(appended, checked, strict=True)
+        ]
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
         await self._writable()
@@ -1473,7 +1466,8 @@ class Engine:
         if commit:
             record = self._make_visible(held)
             await self._log.wait_durable()
-            return self._result(record)
+            refs = [self._ref((d.topic_id, d.queue_id)) for d in record.dispatches]
+            return self._result(record, refs)
         self._drop_held(held.position)
         self._record(rec.Resolve(held.position, rec.RESOLVE_ROLLBACK))
         await self._log.wait_durable()

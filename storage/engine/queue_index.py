@@ -65,6 +65,19 @@ class QueueIndex:
     def append(self, entry: IndexEntry) -> None:
         self.entries += _ENTRY.pack(*entry)
 
+    def append_record(
+        self, position: int, size: int, count: int, store_ms: int, group_hash: int, tag_hash: int
+    ) -> None:
+        """Index one stored record spanning ``count`` offsets (a batch: one entry each)."""
+        pack = _ENTRY.pack
+        if count == 1:
+            self.entries += pack(position, size, 0, 1, store_ms, group_hash, tag_hash)
+            return
+        self.entries += b"".join(
+            pack(position, size, index, count, store_ms, group_hash, tag_hash)
+            for index in range(count)
+        )
+
     def get(self, offset: int) -> IndexEntry:
         return IndexEntry._make(_ENTRY.unpack_from(self.entries, (offset - self.base) * ENTRY_SIZE))
 
