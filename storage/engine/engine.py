@@ -453,11 +453,12 @@ class Engine:
         elif kind == "group_config":
             self._group_configs[(op["ns"], op["group"])] = GroupConfig(**op["config"])
         elif kind == "offsets_delete":
-            per_queue = self._offsets.get((op["ns"], op["group"]), {})
-            if op["queues"] is None:
-                per_queue.clear()
-            for tid, qid in op["queues"] or ():
+            group_key = (op["ns"], op["group"])
+            per_queue = self._offsets.get(group_key, {})
+            for tid, qid in op["queues"] or list(per_queue):
                 per_queue.pop((tid, qid), None)
+            if not per_queue:  # a group with no offsets left is gone (Kafka's DeleteGroups)
+                self._offsets.pop(group_key, None)
         elif kind == "kv_put":
             self._kv.setdefault((op["ns"], op["kind"]), {})[op["name"]] = op["value"]
         elif kind == "kv_delete":
@@ -908,6 +909,9 @@ class Engine:
 
     def _messages_at(self, entries: Sequence[IndexEntry]) -> list[tuple[Message, str]]:
         """The messages of several index entries, neighbours read with one call."""
+        if len(entries) == 1:
+            entry = entries[0]
+            return [_member(entry, *self._load(entry.position, entry.size))]
         wanted: dict[int, int] = {}
         for entry in entries:
             if entry.position not in self._decoded:

@@ -366,6 +366,28 @@ Record = MessageRecord | Pop | Ack | OffsetCommit | Meta | Resolve | Latest
 
 
 def encode_record(record: Record) -> bytes:
+    # The two records of every pop and ack first, packed without a writer.
+    if type(record) is Pop:
+        group = record.group.encode()
+        return (
+            _POP.pack(
+                Kind.POP,
+                len(group),
+                record.topic_id,
+                record.queue_id,
+                record.offset,
+                record.deadline_ms,
+                record.attempt,
+                record.seq,
+                record.first_pop_ms,
+            )
+            + group
+        )
+    if type(record) is Ack:
+        group = record.group.encode()
+        return (
+            _ACK.pack(Kind.ACK, len(group), record.topic_id, record.queue_id, record.offset) + group
+        )
     w = _Writer()
     match record:
         case MessageRecord():
@@ -390,26 +412,6 @@ def encode_record(record: Record) -> bytes:
             for d in record.dispatches:
                 w.raw(_DISPATCH.pack(d.topic_id, d.queue_id, d.offset))
             w.raw(record.entry)
-        case Pop():
-            group = record.group.encode()
-            w.raw(
-                _POP.pack(
-                    Kind.POP,
-                    len(group),
-                    record.topic_id,
-                    record.queue_id,
-                    record.offset,
-                    record.deadline_ms,
-                    record.attempt,
-                    record.seq,
-                    record.first_pop_ms,
-                )
-            )
-            w.raw(group)
-        case Ack():
-            group = record.group.encode()
-            w.raw(_ACK.pack(Kind.ACK, len(group), record.topic_id, record.queue_id, record.offset))
-            w.raw(group)
         case OffsetCommit():
             w.u8(Kind.OFFSET_COMMIT)
             w.text(record.group)

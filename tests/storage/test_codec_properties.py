@@ -54,7 +54,12 @@ BATCHES: st.SearchStrategy[BatchEntry] = st.builds(
     BatchEntry,
     format=TEXT,
     raw=st.binary(max_size=300),
-    messages=st.lists(MESSAGES, max_size=5).map(tuple),
+    messages=st.lists(MESSAGES, min_size=1, max_size=5).map(tuple),
+) | st.builds(  # raw only: readers expand it with the format's registered expander
+    BatchEntry,
+    format=TEXT,
+    raw=st.binary(max_size=300),
+    count=st.integers(min_value=0, max_value=2**32 - 1),
 )
 
 ENTRIES: st.SearchStrategy[Message | BatchEntry] = MESSAGES | BATCHES
@@ -137,6 +142,26 @@ def test_entry_round_trip(entry: Message | BatchEntry) -> None:
     assert rec.decode_entry(memoryview(data)) == entry
 
 
+@settings(max_examples=200)
+@given(ENTRIES)
+def test_entry_without_messages_keeps_raw_and_count(entry: Message | BatchEntry) -> None:
+    """``messages=False`` is what pass-through readers use: raw bytes and the count."""
+    decoded = rec.decode_entry(rec.encode_entry(entry), messages=False)
+    if isinstance(entry, Message):
+        assert decoded == entry
+    else:
+        assert decoded == BatchEntry(format=entry.format, raw=entry.raw, count=entry.size)
+        assert decoded.size == entry.size
+
+
+@settings(max_examples=200)
+@given(MESSAGE_RECORDS)
+def test_read_message_entry_slices_id_and_entry(record: rec.MessageRecord) -> None:
+    message_id, entry = rec.read_message_entry(rec.encode_record(record))
+    assert message_id == record.message_id
+    assert bytes(entry) == record.entry
+
+
 @settings(max_examples=300)
 @given(RECORDS)
 def test_record_round_trip(record: rec.Record) -> None:
@@ -181,6 +206,10 @@ def _decodes_or_fails_cleanly(data: bytes) -> None:
     for decode in (rec.decode_message, rec.decode_entry, rec.decode_record):
         with contextlib.suppress(*DECODE_ERRORS):
             decode(data)
+    with contextlib.suppress(*DECODE_ERRORS):
+        rec.decode_entry(data, messages=False)
+    with contextlib.suppress(*DECODE_ERRORS):
+        rec.read_message_entry(data)
 
 
 @GARBAGE_SETTINGS

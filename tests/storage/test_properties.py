@@ -15,8 +15,9 @@ from __future__ import annotations
 import asyncio
 import itertools
 import shutil
+import struct
 import tempfile
-from collections.abc import Coroutine, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,6 +35,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from storage import batch_formats
 from storage.clock import ManualClock
 from storage.engine import Durability, Engine, EngineConfig
 from storage.errors import InvalidArgument, InvalidReceipt, TopicNotFound, TransactionNotFound
@@ -42,6 +44,7 @@ from storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,
+    CommittedOffset,
     GroupConfig,
     HalfMessage,
     Message,
@@ -138,7 +141,9 @@ def data_size(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-async def settle(condition: Any, timeout_s: float = SETTLE_TIMEOUT_S) -> bool:
+async def settle(
+    condition: Callable[[], Awaitable[bool]], timeout_s: float = SETTLE_TIMEOUT_S
+) -> bool:
     """Let background tasks run until ``await condition()`` is true or the time is up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
@@ -227,12 +232,42 @@ def plain_messages(groups: st.SearchStrategy[str | None] = NO_GROUP) -> st.Searc
     )
 
 
+# A batch format for raw-only batches: the engine stores just ``raw`` and expands it
+# with the registered function when a reader wants messages.
+TEST_BATCH_FORMAT = "polymq.test.properties.v1"
+
+
+def expand_test_batch(raw: bytes) -> tuple[Message, ...]:
+    """u16 length + body, repeated."""
+    messages = []
+    position = 0
+    while position < len(raw):
+        (size,) = struct.unpack_from("<H", raw, position)
+        body = raw[position + 2 : position + 2 + size]
+        messages.append(Message(body=body, key=b"expanded", properties=(("i", b"%d" % position),)))
+        position += 2 + size
+    return tuple(messages)
+
+
+def raw_only_batch(bodies: list[bytes]) -> BatchEntry:
+    raw = b"".join(struct.pack("<H", len(body)) + body for body in bodies)
+    return BatchEntry(format=TEST_BATCH_FORMAT, raw=raw, count=len(bodies))
+
+
+batch_formats.register(TEST_BATCH_FORMAT, expand_test_batch)
+
+
+def batch_messages(entry: BatchEntry) -> tuple[Message, ...]:
+    """What a message-by-message reader gets from a batch."""
+    return entry.messages or expand_test_batch(entry.raw)
+
+
 BATCH_ENTRIES = st.builds(
     BatchEntry,
     format=st.sampled_from(["kafka.v2", "x", ""]),
     raw=st.binary(max_size=96),
     messages=st.lists(plain_messages(), min_size=1, max_size=4).map(tuple),
-)
+) | st.lists(BODIES, min_size=1, max_size=4).map(raw_only_batch)
 
 JSON_VALUES: st.SearchStrategy[Any] = st.recursive(
     st.none()
@@ -281,7 +316,7 @@ def expected_entries(
     only: QueueRef | None = None,
 ) -> Iterator[tuple[QueueRef, list[Expected]]]:
     entry = request.entry
-    messages = (entry,) if isinstance(entry, Message) else entry.messages
+    messages = (entry,) if isinstance(entry, Message) else batch_messages(entry)
     for queue in request.queues if only is None else (only,):
         base = offsets[queue]
         expected = []
@@ -338,7 +373,7 @@ async def check_offset_model(
             assert batch.queue == queue
             assert batch.store_timestamp_ms == want.store_ms
             if isinstance(want.entry, BatchEntry):
-                assert batch.count == len(want.entry.messages)
+                assert batch.count == want.entry.size
                 assert batch.format == want.entry.format
                 assert batch.raw == want.entry.raw
             else:
@@ -419,9 +454,12 @@ async def run_phase(engine: Engine, clock: ManualClock, phase: AppendPhase) -> l
             results.extend(await engine.append(requests))
             assert all(r.store_timestamp_ms == clock.now_ms() for r in results[-len(requests) :])
         return results
-    tasks = [asyncio.ensure_future(engine.append(requests)) for requests, _ in phase.calls]
+    # Tasks start in creation order: appends before the checkpoint reserve at once, the
+    # ones after it find the checkpoint's gate closed and wait for it.
+    coroutines = [engine.append(requests) for requests, _ in phase.calls]
     if phase.checkpoint:
-        tasks.insert(len(tasks) // 2, asyncio.ensure_future(checkpoint_as_append(engine)))
+        coroutines.insert(len(coroutines) // 2, checkpoint_as_append(engine))
+    tasks = [asyncio.ensure_future(coroutine) for coroutine in coroutines]
     return [result for results in await asyncio.gather(*tasks) for result in results]
 
 
@@ -929,6 +967,107 @@ def test_fifo_acked_message_is_not_handed_out_again_after_a_dead_letter() -> Non
         asyncio.run(main(root))
 
 
+FILTER_TAGS = st.none() | st.frozensets(st.sampled_from(["a", "b", "*"]), min_size=1)
+
+
+@PROPERTY_SETTINGS
+@given(
+    fifo=st.booleans(),
+    specs=st.lists(
+        st.tuples(
+            st.sampled_from([None, "a", "b", "c"]),  # tag
+            st.sampled_from([None, "A", "B"]),  # message group
+            st.none() | st.integers(min_value=1, max_value=3000),  # expires this much later
+        ),
+        min_size=1,
+        max_size=16,
+    ),
+    tags=FILTER_TAGS,
+    pops=st.lists(
+        st.tuples(st.integers(min_value=1, max_value=4), st.integers(0, 1000)), max_size=8
+    ),
+)
+def test_tag_filters_and_expiry_consume_silently(
+    fifo: bool,
+    specs: list[tuple[str | None, str | None, int | None]],
+    tags: frozenset[str] | None,
+    pops: list[tuple[int, int]],
+) -> None:
+    """A pop hands out only messages whose tag passes the filter and that have not
+    expired; the rest are consumed for the group without being handed out. Each message
+    goes out at most once (all are acked at once), in offset order (per message group
+    when FIFO), and once drained nothing is pending. Offset reads still see everything."""
+
+    def passes(message: Message) -> bool:
+        return tags is None or "*" in tags or message.tag in tags
+
+    async def main(root: Path) -> None:
+        host = EngineHost(root, ManualClock())
+        engine = await host.start()
+        try:
+            queue = QueueRef(NS, "tags", 0)
+            await engine.create_topic(NS, "tags")
+            await engine.set_group_config(NS, "g", GroupConfig(fifo=fifo))
+            start = host.clock.now_ms()
+            messages = [
+                Message(
+                    body=b"%d" % i,
+                    tag=tag,
+                    message_group=group,
+                    expiry_ms=None if expires is None else start + expires,
+                )
+                for i, (tag, group, expires) in enumerate(specs)
+            ]
+            await engine.append([AppendRequest(entry=m, queues=(queue,)) for m in messages])
+            handed: list[int] = []
+
+            async def pop(max_messages: int) -> int:
+                now = host.clock.now_ms()
+                popped = await engine.pop(
+                    NS, "g", [queue], max_messages=max_messages, invisible_ms=86_400_000, tags=tags
+                )
+                assert len(popped) <= max_messages
+                for stored in popped:
+                    message = messages[stored.offset]
+                    assert stored.message == message
+                    assert passes(message), f"tag {message.tag!r} passed filter {tags}"
+                    assert message.expiry_ms is None or message.expiry_ms > now, "expired"
+                    assert stored.offset not in handed, "handed out twice"
+                    assert stored.delivery_attempt == 1
+                    assert stored.receipt is not None
+                    await engine.ack(NS, "g", stored.receipt)
+                    handed.append(stored.offset)
+                return len(popped)
+
+            for max_messages, advance in pops:
+                host.clock.advance(advance)
+                await pop(max_messages)
+            while await pop(100):
+                pass
+            end = host.clock.now_ms()
+
+            assert set(handed) >= {
+                i
+                for i, m in enumerate(messages)
+                if passes(m) and (m.expiry_ms is None or m.expiry_ms > end)
+            }, "a message that passes the filter and has not expired was never handed out"
+            if fifo:
+                for group in {m.message_group for m in messages}:
+                    mine = [i for i in handed if messages[i].message_group == group]
+                    assert group is None or mine == sorted(mine), f"group {group} out of order"
+            else:
+                assert handed == sorted(handed)
+            assert await engine.pending_count(NS, "g", queue) == 0
+            assert await engine.inflight_count(NS, "g", queue) == 0
+            read = await engine.read(queue, 0, max_messages=100, max_bytes=1 << 30)
+            assert [m.message for m in read.messages] == messages
+        finally:
+            await host.close()
+
+    with temp_root() as root:
+        asyncio.run(main(root))
+
+
 # -- 5. delayed messages -----------------------------------------------------------------
 
 DELAY_TOPIC = "d"
@@ -1045,7 +1184,7 @@ def test_delayed_delivery_state_machine(modes: tuple[str, ...]) -> None:
     run_machine(DelayMachine, modes)
 
 
-@settings(max_examples=15, deadline=None)
+@settings(PROPERTY_SETTINGS, max_examples=15)
 @given(delay=st.integers(min_value=2, max_value=60_000), body=BODIES)
 def test_long_poll_pop_wakes_when_a_delayed_message_is_due(delay: int, body: bytes) -> None:
     async def main(root: Path) -> None:
@@ -1081,22 +1220,27 @@ def test_long_poll_pop_wakes_when_a_delayed_message_is_due(delay: int, body: byt
 # -- 6. multi-dispatch stores one body ---------------------------------------------------
 
 
-@settings(max_examples=8, deadline=None)
+@settings(PROPERTY_SETTINGS, max_examples=8)
 @given(
     queue_count=st.integers(min_value=2, max_value=10),
     size=st.sampled_from([20 << 10, 100 << 10]),
-    batch=st.booleans(),
+    shape=st.sampled_from(["message", "batch", "raw batch"]),
     seed=st.binary(min_size=16, max_size=16),
 )
 def test_multi_dispatch_writes_the_body_once(
-    queue_count: int, size: int, batch: bool, seed: bytes
+    queue_count: int, size: int, shape: str, seed: bytes
 ) -> None:
+    """One append into N queues writes the entry once (plus a few bytes per queue)."""
     body = (seed * (size // len(seed) + 1))[:size]
     entry: Message | BatchEntry
-    if batch:
+    if shape == "batch":
         half = Message(body=body[: size // 2])
         entry = BatchEntry(format="kafka.v2", raw=body, messages=(half, half))
         stored_bytes = size * 2  # raw plus the messages' bodies
+    elif shape == "raw batch":
+        entry = raw_only_batch([body[: size // 2], body[size // 2 :]])
+        body = entry.raw
+        stored_bytes = len(body)  # raw alone: readers expand it
     else:
         entry = Message(body=body)
         stored_bytes = size
@@ -1120,7 +1264,7 @@ def test_multi_dispatch_writes_the_body_once(
                     if isinstance(entry, Message):
                         assert [m.message.body for m in read.messages] == [body]
                     else:
-                        assert [m.message for m in read.messages] == list(entry.messages)
+                        assert [m.message for m in read.messages] == list(batch_messages(entry))
                         (stored,) = await engine.read_batches(queue, 0, max_bytes=1 << 30)
                         assert stored.raw == body and stored.count == 2
                 engine = await host.reopen(CLOSE)
@@ -1275,14 +1419,58 @@ LATEST_TOPICS = ("r/1", "ü topic/#")
 LATEST_KEYS = (b"", b"k", b"\x00\xff")
 META_KINDS = ("exchange", "binding")
 META_NAMES = ("a", "b", "ü x")
+OFFSET_GROUPS = ("g1", "ü g")
 
 
 class KeyedMachine(EngineMachine):
+    """Keyed latest values, metadata and committed offsets: last write wins per key,
+    deletes clear, every reopen keeps it all."""
+
     def __init__(self) -> None:
         super().__init__()
         self.latest: dict[tuple[str, str], dict[bytes, Message]] = {}
         self.meta: dict[tuple[str, str], dict[str, Any]] = {}
-        self.run(self.engine.create_namespace("ns2"))
+        self.offsets: dict[tuple[str, str], dict[QueueRef, CommittedOffset]] = {}
+
+        async def go() -> None:
+            await self.engine.create_namespace("ns2")
+            for namespace in KV_NAMESPACES:
+                await self.engine.create_topic(namespace, "c", TopicConfig(queue_count=2))
+
+        self.run(go())
+
+    @rule(
+        namespace=st.sampled_from(KV_NAMESPACES),
+        group=st.sampled_from(OFFSET_GROUPS),
+        queue_id=st.sampled_from([0, 1]),
+        offset=st.integers(min_value=0, max_value=2**40),
+        metadata=st.text(max_size=8),
+    )
+    def commit_offset(
+        self, namespace: str, group: str, queue_id: int, offset: int, metadata: str
+    ) -> None:
+        queue = QueueRef(namespace, "c", queue_id)
+        self.run(self.engine.commit_offset(namespace, group, queue, offset, metadata))
+        committed = CommittedOffset(offset=offset, metadata=metadata, commit_ms=self.clock.now_ms())
+        self.offsets.setdefault((namespace, group), {})[queue] = committed
+
+    @rule(
+        namespace=st.sampled_from(KV_NAMESPACES),
+        group=st.sampled_from(OFFSET_GROUPS),
+        queue_ids=st.none() | subsets([0, 1]),
+    )
+    def delete_group_offsets(
+        self, namespace: str, group: str, queue_ids: tuple[int, ...] | None
+    ) -> None:
+        queues = None if queue_ids is None else [QueueRef(namespace, "c", q) for q in queue_ids]
+        self.run(self.engine.delete_group_offsets(namespace, group, queues))
+        committed = self.offsets.get((namespace, group), {})
+        for queue in list(committed) if queues is None else queues:
+            committed.pop(queue, None)
+
+    @rule(ms=st.sampled_from([1, 1000]))
+    def advance(self, ms: int) -> None:
+        self.clock.advance(ms)
 
     @rule(
         namespace=st.sampled_from(KV_NAMESPACES),
@@ -1332,6 +1520,18 @@ class KeyedMachine(EngineMachine):
                 assert await self.engine.meta_list(namespace, kind) == stored
                 for name in META_NAMES:
                     assert await self.engine.meta_get(namespace, kind, name) == stored.get(name)
+            for namespace in KV_NAMESPACES:
+                for group in OFFSET_GROUPS:
+                    committed = self.offsets.get((namespace, group), {})
+                    assert await self.engine.list_group_offsets(namespace, group) == committed
+                    for queue_id in (0, 1):
+                        queue = QueueRef(namespace, "c", queue_id)
+                        fetched = await self.engine.fetch_offset(namespace, group, queue)
+                        assert fetched == committed.get(queue)
+                # "Groups with committed offsets, pop state or a config": here, offsets.
+                assert await self.engine.list_groups(namespace) == sorted(
+                    group for (ns, group), c in self.offsets.items() if ns == namespace and c
+                )
 
         self.run(go())
 
@@ -1339,6 +1539,29 @@ class KeyedMachine(EngineMachine):
 @recovery_modes
 def test_keyed_latest_and_metadata_state_machine(modes: tuple[str, ...]) -> None:
     run_machine(KeyedMachine, modes)
+
+
+def test_list_groups_forgets_a_group_whose_offsets_are_all_deleted() -> None:
+    """A group with no committed offsets, pop state or config is not listed, and the
+    answer does not change across a restart."""
+
+    async def main(root: Path) -> None:
+        host = EngineHost(root, ManualClock())
+        engine = await host.start()
+        try:
+            await engine.create_topic(NS, "c")
+            await engine.commit_offset(NS, "g1", QueueRef(NS, "c", 0), 5)
+            await engine.delete_group_offsets(NS, "g1")
+            assert await engine.list_group_offsets(NS, "g1") == {}
+            before = await engine.list_groups(NS)
+            engine = await host.reopen(CLOSE)
+            after = await engine.list_groups(NS)
+            assert before == after == [], f"listed {before} before a restart, {after} after"
+        finally:
+            await host.close()
+
+    with temp_root() as root:
+        asyncio.run(main(root))
 
 
 @recovery_modes
