@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import contextlib
 import gc
+import itertools
 import json
 import math
 import os
@@ -616,12 +617,17 @@ async def run_read(report: Report, limits: Limits, tmp: Path) -> None:
 # ---------------------------------------------------------------------------- pop
 
 
-def consumer(engine: Engine, group: str, queue: QueueRef) -> Call:
+def consumer(engine: Engine, group: str, queue: QueueRef, *, ack_many: bool) -> Call:
+    """Pop then ack: each message on its own, or all of a pop with one ``ack_many``."""
+
     async def call() -> int:
         popped = await engine.pop(NS, group, [queue], max_messages=POP_MAX, invisible_ms=600_000)
-        for message in popped:
-            assert message.receipt is not None
-            await engine.ack(NS, group, message.receipt)
+        receipts = [message.receipt for message in popped if message.receipt is not None]
+        if ack_many:
+            await engine.ack_many(NS, group, receipts)
+        else:
+            for receipt in receipts:
+                await engine.ack(NS, group, receipt)
         return len(popped)
 
     return call
@@ -629,7 +635,7 @@ def consumer(engine: Engine, group: str, queue: QueueRef) -> Call:
 
 async def run_pop(report: Report, limits: Limits, tmp: Path) -> None:
     progress(
-        f"pop: pop(max_messages={POP_MAX}) then ack each, awaited one by one; "
+        f"pop: pop(max_messages={POP_MAX}) then ack each awaited one by one, or ack_many; "
         f"1 consumer, and {CONSUMERS} consumers on {CONSUMERS} queues"
     )
     for body in SIZES:
@@ -645,15 +651,19 @@ async def run_pop(report: Report, limits: Limits, tmp: Path) -> None:
                     await prefill(engine, queue, data, n, entries=False)
             for durability in (Durability.SYNC, Durability.ASYNC):
                 async with Engine(engine_config(data_dir, durability)) as engine:
-                    for concurrency in (1, CONSUMERS):
-                        group = f"g{concurrency}-{durability.value}"
-                        workers = [consumer(engine, group, q) for q in queues[:concurrency]]
+                    for concurrency, ack_many in itertools.product((1, CONSUMERS), (False, True)):
+                        how = "ack_many" if ack_many else "ack"
+                        group = f"g{concurrency}-{durability.value}-{how}"
+                        workers = [
+                            consumer(engine, group, q, ack_many=ack_many)
+                            for q in queues[:concurrency]
+                        ]
                         measured = await measure(
                             workers, max_msgs=msg_cap(limits, body), seconds=limits.seconds
                         )
                         row = make_row(
                             "pop",
-                            f"pop{POP_MAX}+ack",
+                            f"pop{POP_MAX}+{how}",
                             body,
                             durability.value,
                             concurrency,
