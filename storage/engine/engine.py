@@ -23,6 +23,7 @@ import functools
 import heapq
 import json
 import logging
+import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -135,7 +136,11 @@ class _Held:
         return bool(self.record.flags & rec.MESSAGE_HALF)
 
 
+@functools.lru_cache(maxsize=4096)
 def _config_to_json(config: TopicConfig | GroupConfig) -> dict[str, Any]:
+    """Configs are frozen and mostly shared, so each is converted once (``asdict`` is
+    slow, and a checkpoint converts every topic's while writers wait). Callers must not
+    mutate the result."""
     return asdict(config)
 
 
@@ -170,6 +175,10 @@ class Engine:
         self._topics_by_id: dict[int, _Topic] = {}
         self._next_topic_id = 1
         self._dead_topic_ids: set[int] = set()
+        self._trims: dict[_QueueKey, int] = {}  # delete_records: first offset kept
+        self._topics_version = 0  # bumped by every topic change
+        self._topics_json: tuple[int, list[Any]] = (-1, [])
+        self._dirty_queues: set[_QueueKey] = set()  # new entries since checkpoint
         self._group_configs: dict[_GroupKey, GroupConfig] = {}
         self._offsets: dict[_GroupKey, dict[_QueueKey, CommittedOffset]] = {}
         self._cursors: dict[_GroupKey, dict[_QueueKey, PopCursor]] = {}
@@ -278,11 +287,13 @@ class Engine:
         self._next_topic_id = int(s["next_topic_id"])
         self._pop_seq = int(s["pop_seq"])
         self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
-        for tid, ns, name, config, created, modified, count, earliest in s["topics"]:
-            topic = _Topic(int(tid), ns, name, _topic_config(config), created, modified, [])
+        for tid, ns, name, config, created, modified, count in s["topics"]:
+            topic = _Topic(int(tid), sys.intern(ns), name, _topic_config(config), created,
+                           modified, [])  # fmt: skip
             self._add_topic(topic, count)
-            for queue, offset in zip(topic.queues, earliest, strict=True):
-                queue.earliest = offset
+        for tid, qid, offset in s["trims"]:
+            self._trims[(tid, qid)] = offset
+            self._topics_by_id[tid].queues[qid].earliest = offset
         for ns, group, config in s["groups"]:
             self._group_configs[(ns, group)] = GroupConfig(**config)
         for ns, group, tid, qid, offset, metadata, ms in s["offsets"]:
@@ -307,19 +318,8 @@ class Engine:
             "next_topic_id": self._next_topic_id,
             "pop_seq": self._pop_seq,
             "namespaces": self._namespaces,
-            "topics": [
-                [
-                    t.id,
-                    t.namespace,
-                    t.name,
-                    _config_to_json(t.config),
-                    t.created_ms,
-                    t.modified_ms,
-                    len(t.queues),
-                    [q.earliest for q in t.queues],
-                ]
-                for t in self._topics.values()
-            ],
+            "topics": self._topics_snapshot(),
+            "trims": [[tid, qid, offset] for (tid, qid), offset in self._trims.items()],
             "groups": [[ns, g, _config_to_json(c)] for (ns, g), c in self._group_configs.items()],
             "offsets": [
                 [ns, g, tid, qid, c.offset, c.metadata, c.commit_ms]
@@ -345,6 +345,19 @@ class Engine:
             "dead_topic_ids": sorted(self._dead_topic_ids),
         }
 
+    def _topics_snapshot(self) -> list[Any]:
+        """The topics part of a checkpoint, rebuilt only after a topic changed: with
+        100,000 topics it is the slow part, and checkpoints hold writers at a gate."""
+        version, cached = self._topics_json
+        if version != self._topics_version:
+            cached = [
+                [t.id, t.namespace, t.name, _config_to_json(t.config), t.created_ms,
+                 t.modified_ms, len(t.queues)]
+                for t in self._topics.values()
+            ]  # fmt: skip
+            self._topics_json = (self._topics_version, cached)
+        return cached
+
     def _load_index_files(self) -> None:
         for path in self._index_dir.glob("*.idx"):
             try:
@@ -362,6 +375,8 @@ class Engine:
             queue = topic.queues[qid]
             queue.base = base
             queue.file_base = base if intact else None  # torn: rewrite at the checkpoint
+            if not intact:
+                self._dirty_queues.add((topic.id, qid))
             queue.entries = entries
             queue.next_offset = queue.persisted_end = queue.end
         for path in self._index_dir.glob("*.tmp"):
@@ -416,6 +431,8 @@ class Engine:
 
     def _apply_meta(self, op: dict[str, Any]) -> None:
         kind = op["op"]
+        if kind.startswith("topic_"):
+            self._topics_version += 1
         if kind == "ns_create":
             self._namespaces[op["ns"]] = op["ms"]
         elif kind == "ns_delete":
@@ -437,6 +454,8 @@ class Engine:
             topic = self._topics_by_id.pop(op["id"])
             del self._topics[(topic.namespace, topic.name)]
             self._dead_topic_ids.add(topic.id)
+            for queue_key in [k for k in self._trims if k[0] == topic.id]:
+                del self._trims[queue_key]
             for offsets in self._offsets.values():
                 for queue_key in [k for k in offsets if k[0] == topic.id]:
                     del offsets[queue_key]
@@ -450,6 +469,7 @@ class Engine:
             if trimmed is not None and op["queue"] < len(trimmed.queues):
                 queue = trimmed.queues[op["queue"]]
                 queue.earliest = max(queue.earliest, min(op["offset"], queue.end))
+                self._trims[(trimmed.id, op["queue"])] = queue.earliest
         elif kind == "group_config":
             self._group_configs[(op["ns"], op["group"])] = GroupConfig(**op["config"])
         elif kind == "offsets_delete":
@@ -516,6 +536,7 @@ class Engine:
             queue.append_record(
                 position, size, record.count, record.store_ms, record.group_hash, record.tag_hash
             )
+            self._dirty_queues.add((topic.id, dispatch.queue_id))
             queue.next_offset = max(queue.next_offset, queue.end)
             if queue.waiters:
                 queue.wake()
@@ -1581,6 +1602,7 @@ class Engine:
         """Persist indexes and state at the current log end; returns that position."""
         self._check_open()
         async with self._maintenance_lock:
+            self._topics_snapshot()  # the slow part, built before writers are held
             self._gate.clear()
             try:
                 await self._log.wait_durable()
@@ -1588,12 +1610,17 @@ class Engine:
                     await self._log.fsync()
                 position = self._log.end
                 state = self._snapshot_state(position)
-                writes = self._index_writes()
+                dirty, self._dirty_queues = self._dirty_queues, set()
+                writes = self._index_writes(dirty)
                 dead = set(self._dead_topic_ids)
             finally:
                 self._gate.set()
             loop = asyncio.get_running_loop()
-            await loop.run_in_executor(None, self._write_checkpoint, writes, state, dead)
+            try:
+                await loop.run_in_executor(None, self._write_checkpoint, writes, state, dead)
+            except BaseException:
+                self._dirty_queues |= dirty  # the next checkpoint writes them again
+                raise
             for queue, end, base in ((w[0], w[3], w[4]) for w in writes):
                 queue.persisted_end = max(queue.persisted_end, end)
                 queue.file_base = base if queue.file_base is None else queue.file_base
@@ -1601,28 +1628,34 @@ class Engine:
             self._checkpoint_position = position
             return position
 
-    def _index_writes(self) -> list[tuple[QueueIndex, Path, bytes, int, int, bool]]:
-        """(queue, path, data, new persisted end, file base, append) for changed queues."""
+    def _index_writes(
+        self, dirty: set[_QueueKey]
+    ) -> list[tuple[QueueIndex, Path, bytes, int, int, bool]]:
+        """(queue, path, data, new persisted end, file base, append) for the queues
+        that got entries (or need their file rewritten) since the last checkpoint."""
         writes = []
-        for topic in self._topics.values():
-            for qid, queue in enumerate(topic.queues):
-                if queue.end == queue.persisted_end and queue.file_base is not None:
-                    continue
-                if queue.end == queue.base and queue.file_base is None:
-                    continue
-                path = self._index_dir / f"{topic.id}-{qid}.idx"
-                can_append = (
-                    queue.file_base is not None
-                    and queue.persisted_end >= queue.base
-                    and queue.base - queue.file_base < (1 << 20)
-                )
-                if can_append:
-                    begin = (queue.persisted_end - queue.base) * ENTRY_SIZE
-                    data = bytes(queue.entries[begin:])
-                    writes.append((queue, path, data, queue.end, queue.file_base or 0, True))
-                else:
-                    queue.file_base = None
-                    writes.append((queue, path, bytes(queue.entries), queue.end, queue.base, False))
+        for tid, qid in dirty:
+            topic = self._topics_by_id.get(tid)
+            if topic is None:
+                continue  # deleted since
+            queue = topic.queues[qid]
+            if queue.end == queue.persisted_end and queue.file_base is not None:
+                continue
+            if queue.end == queue.base and queue.file_base is None:
+                continue
+            path = self._index_dir / f"{topic.id}-{qid}.idx"
+            can_append = (
+                queue.file_base is not None
+                and queue.persisted_end >= queue.base
+                and queue.base - queue.file_base < (1 << 20)
+            )
+            if can_append:
+                begin = (queue.persisted_end - queue.base) * ENTRY_SIZE
+                data = bytes(queue.entries[begin:])
+                writes.append((queue, path, data, queue.end, queue.file_base or 0, True))
+            else:
+                queue.file_base = None
+                writes.append((queue, path, bytes(queue.entries), queue.end, queue.base, False))
         return writes
 
     def _write_checkpoint(
