@@ -48,7 +48,13 @@ from storage.engine.queue_index import (
     load_index_file,
     write_index_file,
 )
-from storage.engine.snapshot import read_snapshot, write_snapshot
+from storage.engine.snapshot import (
+    read_json,
+    read_snapshot,
+    remove_stale,
+    write_json,
+    write_snapshot,
+)
 from storage.errors import (
     InvalidArgument,
     InvalidReceipt,
@@ -178,6 +184,7 @@ class Engine:
         self._trims: dict[_QueueKey, int] = {}  # delete_records: first offset kept
         self._topics_version = 0  # bumped by every topic change
         self._topics_json: tuple[int, list[Any]] = (-1, [])
+        self._topics_file: tuple[int, str] | None = None  # (version on disk, file name)
         self._dirty_queues: set[_QueueKey] = set()  # new entries since checkpoint
         self._group_configs: dict[_GroupKey, GroupConfig] = {}
         self._offsets: dict[_GroupKey, dict[_QueueKey, CommittedOffset]] = {}
@@ -220,6 +227,7 @@ class Engine:
         self._dir.mkdir(parents=True, exist_ok=True)
         self._index_dir.mkdir(exist_ok=True)
         self._ids = MessageIds(load_node_id(self._dir))
+        remove_stale(self._dir, "*.tmp", keep="")  # half-written by a crash
         snapshot = read_snapshot(self._dir)
         position = 0
         if snapshot is not None:
@@ -287,10 +295,12 @@ class Engine:
         self._next_topic_id = int(s["next_topic_id"])
         self._pop_seq = int(s["pop_seq"])
         self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
-        for tid, ns, name, config, created, modified, count in s["topics"]:
+        topics_file = s["topics_file"]
+        for tid, ns, name, config, created, modified, count in read_json(self._dir, topics_file):
             topic = _Topic(int(tid), sys.intern(ns), name, _topic_config(config), created,
                            modified, [])  # fmt: skip
             self._add_topic(topic, count)
+        self._topics_file = (self._topics_version, topics_file)
         for tid, qid, offset in s["trims"]:
             self._trims[(tid, qid)] = offset
             self._topics_by_id[tid].queues[qid].earliest = offset
@@ -318,7 +328,7 @@ class Engine:
             "next_topic_id": self._next_topic_id,
             "pop_seq": self._pop_seq,
             "namespaces": self._namespaces,
-            "topics": self._topics_snapshot(),
+            "topics_file": self._topics_file_name(position),
             "trims": [[tid, qid, offset] for (tid, qid), offset in self._trims.items()],
             "groups": [[ns, g, _config_to_json(c)] for (ns, g), c in self._group_configs.items()],
             "offsets": [
@@ -344,6 +354,13 @@ class Engine:
             ],
             "dead_topic_ids": sorted(self._dead_topic_ids),
         }
+
+    def _topics_file_name(self, position: int) -> str:
+        """The topics file this checkpoint relies on: the one on disk if no topic
+        changed since it was written, else a new one named by the log position."""
+        if self._topics_file is not None and self._topics_file[0] == self._topics_version:
+            return self._topics_file[1]
+        return f"topics-{position:020d}.json"
 
     def _topics_snapshot(self) -> list[Any]:
         """The topics part of a checkpoint, rebuilt only after a topic changed: with
@@ -1610,6 +1627,10 @@ class Engine:
                     await self._log.fsync()
                 position = self._log.end
                 state = self._snapshot_state(position)
+                topics_version = self._topics_version
+                topics = None
+                if self._topics_file != (topics_version, state["topics_file"]):
+                    topics = self._topics_snapshot()
                 dirty, self._dirty_queues = self._dirty_queues, set()
                 writes = self._index_writes(dirty)
                 dead = set(self._dead_topic_ids)
@@ -1617,7 +1638,9 @@ class Engine:
                 self._gate.set()
             loop = asyncio.get_running_loop()
             try:
-                await loop.run_in_executor(None, self._write_checkpoint, writes, state, dead)
+                await loop.run_in_executor(
+                    None, self._write_checkpoint, writes, state, dead, topics
+                )
             except BaseException:
                 self._dirty_queues |= dirty  # the next checkpoint writes them again
                 raise
@@ -1625,6 +1648,7 @@ class Engine:
                 queue.persisted_end = max(queue.persisted_end, end)
                 queue.file_base = base if queue.file_base is None else queue.file_base
             self._dead_topic_ids -= dead
+            self._topics_file = (topics_version, state["topics_file"])
             self._checkpoint_position = position
             return position
 
@@ -1663,12 +1687,17 @@ class Engine:
         writes: list[tuple[QueueIndex, Path, bytes, int, int, bool]],
         state: dict[str, Any],
         dead_topic_ids: set[int],
+        topics: list[Any] | None,
     ) -> None:
+        """Runs in a worker thread: everything the snapshot relies on first."""
         for _, path, data, _, base, append in writes:
             write_index_file(path, base, data, append=append)
         if writes:  # new and renamed index files must be on disk before the snapshot
             fsync_directory(self._index_dir)
+        if topics is not None:
+            write_json(self._dir, state["topics_file"], topics)
         write_snapshot(self._dir, state)
+        remove_stale(self._dir, "topics-*.json", keep=state["topics_file"])
         for tid in dead_topic_ids:
             for path in self._index_dir.glob(f"{tid}-*.idx"):
                 path.unlink(missing_ok=True)

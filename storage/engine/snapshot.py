@@ -1,7 +1,9 @@
 """Checkpoint files: the engine's non-log state at one commit-log position.
 
-Written atomically (temporary file, fsync, rename, fsync of the directory) so a crash
-leaves either the old checkpoint or the new one, never half of one.
+Each file is written atomically (temporary file, fsync, rename, fsync of the
+directory) so a crash leaves either the old one or the new one, never half of one.
+The checkpoint names the other files it relies on (the topics list, which is large
+and rarely changes, is written only when it changed), so those are written first.
 """
 
 from __future__ import annotations
@@ -13,28 +15,42 @@ from typing import Any
 
 from storage.engine.files import fsync_directory
 
-__all__ = ["read_snapshot", "write_snapshot"]
+__all__ = ["read_json", "read_snapshot", "remove_stale", "write_json", "write_snapshot"]
 
 _NAME = "checkpoint.json"
 
 
-def write_snapshot(directory: Path, state: dict[str, Any]) -> None:
-    path = directory / _NAME
-    tmp = directory / (_NAME + ".tmp")
+def write_json(directory: Path, name: str, value: Any) -> None:
+    path = directory / name
+    tmp = directory / (name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(state, handle, separators=(",", ":"))
+        json.dump(value, handle, separators=(",", ":"))
         handle.flush()
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_directory(directory)
 
 
+def read_json(directory: Path, name: str) -> Any:
+    with open(directory / name, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def write_snapshot(directory: Path, state: dict[str, Any]) -> None:
+    write_json(directory, _NAME, state)
+
+
 def read_snapshot(directory: Path) -> dict[str, Any] | None:
-    path = directory / _NAME
-    if not path.exists():
+    if not (directory / _NAME).exists():
         return None
-    with open(path, encoding="utf-8") as handle:
-        state = json.load(handle)
+    state = read_json(directory, _NAME)
     if not isinstance(state, dict):
-        raise ValueError(f"{path} is not a checkpoint")
+        raise ValueError(f"{directory / _NAME} is not a checkpoint")
     return state
+
+
+def remove_stale(directory: Path, pattern: str, keep: str) -> None:
+    """Delete files matching ``pattern`` other than ``keep`` (after a new checkpoint)."""
+    for path in directory.glob(pattern):
+        if path.name != keep:
+            path.unlink(missing_ok=True)
