@@ -49,10 +49,10 @@ from storage.engine.queue_index import (
     write_index_file,
 )
 from storage.engine.snapshot import (
-    read_json,
+    iter_json_lines,
     read_snapshot,
     remove_stale,
-    write_json,
+    write_json_lines,
     write_snapshot,
 )
 from storage.errors import (
@@ -296,7 +296,9 @@ class Engine:
         self._pop_seq = int(s["pop_seq"])
         self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
         topics_file = s["topics_file"]
-        for tid, ns, name, config, created, modified, count in read_json(self._dir, topics_file):
+        for tid, ns, name, config, created, modified, count in iter_json_lines(
+            self._dir, topics_file
+        ):
             topic = _Topic(int(tid), sys.intern(ns), name, _topic_config(config), created,
                            modified, [])  # fmt: skip
             self._add_topic(topic, count)
@@ -360,7 +362,7 @@ class Engine:
         changed since it was written, else a new one named by the log position."""
         if self._topics_file is not None and self._topics_file[0] == self._topics_version:
             return self._topics_file[1]
-        return f"topics-{position:020d}.json"
+        return f"topics-{position:020d}.jsonl"
 
     def _topics_snapshot(self) -> list[Any]:
         """The topics part of a checkpoint, rebuilt only after a topic changed: with
@@ -1695,9 +1697,9 @@ class Engine:
         if writes:  # new and renamed index files must be on disk before the snapshot
             fsync_directory(self._index_dir)
         if topics is not None:
-            write_json(self._dir, state["topics_file"], topics)
+            write_json_lines(self._dir, state["topics_file"], topics)
         write_snapshot(self._dir, state)
-        remove_stale(self._dir, "topics-*.json", keep=state["topics_file"])
+        remove_stale(self._dir, "topics-*.jsonl", keep=state["topics_file"])
         for tid in dead_topic_ids:
             for path in self._index_dir.glob(f"{tid}-*.idx"):
                 path.unlink(missing_ok=True)

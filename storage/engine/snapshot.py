@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from storage.engine.files import fsync_directory
 
-__all__ = ["read_json", "read_snapshot", "remove_stale", "write_json", "write_snapshot"]
+__all__ = [
+    "iter_json_lines",
+    "read_json",
+    "read_snapshot",
+    "remove_stale",
+    "write_json",
+    "write_json_lines",
+    "write_snapshot",
+]
 
 _NAME = "checkpoint.json"
 
@@ -29,6 +38,27 @@ def write_json(directory: Path, name: str, value: Any) -> None:
         os.fsync(handle.fileno())
     os.replace(tmp, path)
     fsync_directory(directory)
+
+
+def write_json_lines(directory: Path, name: str, values: Iterable[Any]) -> None:
+    """One JSON value per line: read back one at a time, a large list never has to be
+    in memory twice (a parsed list of 100,000 topics costs more than the topics)."""
+    path = directory / name
+    tmp = directory / (name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        for value in values:
+            handle.write(json.dumps(value, separators=(",", ":")))
+            handle.write("\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+    fsync_directory(directory)
+
+
+def iter_json_lines(directory: Path, name: str) -> Iterator[Any]:
+    with open(directory / name, encoding="utf-8") as handle:
+        for line in handle:
+            yield json.loads(line)
 
 
 def read_json(directory: Path, name: str) -> Any:
