@@ -153,10 +153,17 @@ class BatchEntry:
 class AppendRequest:
     """One message (or batch entry) stored once and indexed into every queue in
     ``queues`` (multi-dispatch: an AMQP fanout or an MQTT publish to many sessions
-    costs one body write)."""
+    costs one body write).
+
+    ``dedup_key``: an append whose key was seen in the same namespace within the
+    engine's dedup window is not stored again; it returns the first append's result
+    (SQS FIFO deduplication ids, MQTT QoS 2 and Kafka idempotent-producer retries).
+    The key is recorded atomically with the message, so a retry after a crash is
+    recognised too."""
 
     entry: Message | BatchEntry
     queues: tuple[QueueRef, ...]
+    dedup_key: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,11 +177,13 @@ class Placement:
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AppendResult:
     """``placements`` is empty while the message is delayed or a transaction half:
-    it gets offsets when it becomes visible."""
+    it gets offsets when it becomes visible. ``duplicate``: the request's dedup key was
+    seen within the window, nothing was stored, this is the first append's result."""
 
     message_id: str
     store_timestamp_ms: int
     placements: tuple[Placement, ...] = ()
+    duplicate: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -26,3 +26,4 @@ class EngineConfig:
     checkpoint_interval_ms: int = 30_000
     checkpoint_log_bytes: int = 256 << 20
     retention_check_interval_ms: int = 60_000
+    dedup_window_ms: int = 5 * 60 * 1000  # SQS's deduplication interval

@@ -129,6 +129,16 @@ class _Topic:
 
 
 @dataclass(slots=True)
+class _Seen:
+    """What an append with a dedup key returned, kept for the dedup window."""
+
+    expires_ms: int
+    message_id: str
+    store_ms: int
+    dispatches: tuple[tuple[int, int, int], ...]  # (topic id, queue id, offset)
+
+
+@dataclass(slots=True)
 class _Held:
     """A stored message not yet in any queue: delayed, or a transaction half."""
 
@@ -191,6 +201,7 @@ class Engine:
         self._cursors: dict[_GroupKey, dict[_QueueKey, PopCursor]] = {}
         self._held: dict[int, _Held] = {}
         self._held_by_id: dict[tuple[str, str], int] = {}
+        self._dedup: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
         self._due: list[tuple[int, int]] = []  # (due ms, position) of delayed messages
         self._latest: dict[tuple[str, str], dict[bytes, bytes]] = {}
         self._kv: dict[tuple[str, str], dict[str, Any]] = {}
@@ -321,6 +332,10 @@ class Engine:
         for ns, kind, name, value in s["kv"]:
             self._kv.setdefault((ns, kind), {})[name] = value
         self._dead_topic_ids = set(s.get("dead_topic_ids", []))
+        for ns, key, expires, message_id, store_ms, dispatches in s["dedup"]:
+            self._dedup[(ns, key)] = _Seen(
+                expires, message_id, store_ms, tuple(tuple(d) for d in dispatches)
+            )
 
     def _snapshot_state(self, position: int) -> dict[str, Any]:
         b64 = base64.b64encode
@@ -355,6 +370,10 @@ class Engine:
                 for name, value in values.items()
             ],
             "dead_topic_ids": sorted(self._dead_topic_ids),
+            "dedup": [
+                [ns, key, s.expires_ms, s.message_id, s.store_ms, s.dispatches]
+                for (ns, key), s in self._dedup.items()
+            ],
         }
 
     def _topics_file_name(self, position: int) -> str:
@@ -526,6 +545,31 @@ class Engine:
                 self._due_changed.set()
         if record.source >= 0:  # a held message made visible (or re-held: delayed commit)
             self._drop_held(record.source)
+        elif record.aux and not record.flags & rec.MESSAGE_HALF:
+            self._remember(record)  # aux of a new (not half) message is its dedup key
+
+    def _remember(self, record: rec.MessageRecord) -> None:
+        """Keep a dedup key (with what its append returned) for the dedup window."""
+        expires = record.store_ms + self.config.dedup_window_ms
+        topic = self._topics_by_id.get(record.dispatches[0].topic_id) if record.dispatches else None
+        if topic is None or expires <= self._now():
+            return
+        key = (topic.namespace, record.aux)
+        self._dedup[key] = _Seen(expires, record.message_id, record.store_ms,
+                                 tuple((d.topic_id, d.queue_id, d.offset)
+                                       for d in record.dispatches))  # fmt: skip
+        self._dedup.move_to_end(key)
+
+    def _seen(self, namespace: str, dedup_key: str) -> _Seen | None:
+        """The append a dedup key names, if within the window. Expired keys go first:
+        they were remembered in store order, so the oldest are at the front."""
+        now = self._now()
+        while self._dedup:
+            oldest = next(iter(self._dedup.values()))
+            if oldest.expires_ms > now:
+                break
+            self._dedup.popitem(last=False)
+        return self._dedup.get((namespace, dedup_key))
 
     def _drop_held(self, position: int) -> None:
         held = self._held.pop(position, None)
@@ -758,6 +802,8 @@ class Engine:
         return limit
 
     def _validate_append(self, request: AppendRequest) -> list[tuple[_Topic, int]]:
+        if request.dedup_key is not None:
+            check_name("dedup key", request.dedup_key)
         if not isinstance(request.entry, Message | BatchEntry):
             raise InvalidArgument("entry must be a Message or a BatchEntry")
         if not request.queues:
@@ -860,11 +906,37 @@ class Engine:
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         await self._writable()
         checked = [(r, self._validate_append(r)) for r in requests]
-        appended = [self._append_now(r.entry, targets)[0] for r, targets in checked]
+        done: list[rec.MessageRecord | AppendResult] = []
+        for request, targets in checked:
+            seen = (
+                self._seen(request.queues[0].namespace, request.dedup_key)
+                if request.dedup_key is not None
+                else None
+            )
+            if seen is not None:
+                done.append(self._duplicate(seen))
+            else:
+                done.append(
+                    self._append_now(request.entry, targets, aux=request.dedup_key or "")[0]
+                )
         await self._log.wait_durable()
         return [
-            self._result(record, r.queues) for record, (r, _) in zip(appended, checked, strict=True)
+            item if isinstance(item, AppendResult) else self._result(item, request.queues)
+            for item, (request, _) in zip(done, checked, strict=True)
         ]
+
+    def _duplicate(self, seen: _Seen) -> AppendResult:
+        placements = tuple(
+            Placement(self._ref((tid, qid)), offset)
+            for tid, qid, offset in seen.dispatches
+            if offset >= 0 and tid in self._topics_by_id
+        )
+        return AppendResult(
+            message_id=seen.message_id,
+            store_timestamp_ms=seen.store_ms,
+            placements=placements,
+            duplicate=True,
+        )
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
         await self._writable()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import shutil
+from pathlib import Path
 
 import pytest
 
 from storage import errors
 from storage.clock import ManualClock
-from storage.engine import Engine
+from storage.engine import Engine, EngineConfig
 from storage.model import (
     UNLIMITED,
     AppendRequest,
@@ -642,3 +644,46 @@ async def test_registered_batch_format_is_stored_once_and_expanded_on_read(
                 )
             ]
         )
+
+
+async def test_dedup_key_stores_a_retry_once_within_the_window(
+    make_engine: EngineFactory, clock: ManualClock
+) -> None:
+    def request(body: bytes, key: str) -> AppendRequest:
+        return AppendRequest(entry=Message(body=body), queues=(q(),), dedup_key=key)
+
+    async with make_engine(dedup_window_ms=60_000) as storage:
+        await storage.create_topic(NS, "t")
+        first, again, other = await storage.append(
+            [request(b"a", "k1"), request(b"a-retry", "k1"), request(b"b", "k2")]
+        )
+        assert (first.duplicate, again.duplicate, other.duplicate) == (False, True, False)
+        assert again.message_id == first.message_id and again.placements == first.placements
+        await storage.checkpoint()
+        [late] = await storage.append([request(b"c", "k3")])  # after the checkpoint: in the log
+    async with make_engine(dedup_window_ms=60_000) as storage:
+        [retry1, retry3] = await storage.append([request(b"x", "k1"), request(b"y", "k3")])
+        assert retry1.duplicate and retry1.message_id == first.message_id
+        assert retry3.duplicate and retry3.placements == late.placements
+        clock.advance(60_000)
+        [fresh] = await storage.append([request(b"z", "k1")])
+        assert not fresh.duplicate
+        bodies = [m.message.body for m in (await storage.read(q(), 0)).messages]
+        assert bodies == [b"a", b"b", b"c", b"z"]
+        with pytest.raises(errors.InvalidName):
+            await storage.append([request(b"bad", "")])
+
+
+async def test_dedup_keys_come_back_from_the_log_after_a_crash(
+    make_engine: EngineFactory, engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    request = AppendRequest(entry=Message(body=b"once"), queues=(q(),), dedup_key="k")
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        [first] = await storage.append([request])
+        # The files as a crash leaves them: the append is only in the log.
+        shutil.copytree(engine_config.data_dir, tmp_path / "crashed")
+    async with make_engine(data_dir=tmp_path / "crashed") as storage:
+        [retry] = await storage.append([request])
+        assert retry.duplicate and retry.placements == first.placements
+        assert await storage.queue_offsets(q()) == QueueOffsets(0, 1)
