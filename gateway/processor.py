@@ -273,6 +273,12 @@ class Processor:
     ) -> list[str | None]:
         return await self._storage.ack_many(self._check(caller), group, receipts)
 
+    async def nack(self, caller: Caller, group: str, receipt: str, *, delay_ms: int = 0) -> None:
+        await self._storage.nack(self._check(caller), group, receipt, delay_ms=delay_ms)
+
+    async def dead_letter(self, caller: Caller, group: str, receipt: str) -> None:
+        await self._storage.dead_letter(self._check(caller), group, receipt)
+
     async def change_invisibility(
         self, caller: Caller, group: str, receipt: str, invisible_ms: int
     ) -> StoredMessage:

@@ -193,6 +193,17 @@ class StorageAPI(Protocol):
         nack). Returns it with its new receipt; the old receipt becomes stale."""
         ...
 
+    async def nack(self, namespace: str, group: str, receipt: str, *, delay_ms: int = 0) -> None:
+        """Give a popped message back: visible again after ``delay_ms`` (AMQP
+        ``basic.nack`` with requeue, RocketMQ's retry backoff). The next delivery counts
+        as a new attempt."""
+        ...
+
+    async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
+        """Move a popped message to the group's dead-letter topic now (RocketMQ's
+        ForwardMessageToDeadLetterQueue); it is consumed for the group."""
+        ...
+
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
         """Messages handed out to the group and not yet acked."""
         ...

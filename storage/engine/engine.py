@@ -1445,7 +1445,7 @@ class Engine:
         )
         dead = replace(message, properties=properties, delivery_time_ms=None)
         self._append_now(dead, [(topic, 0)], message_id=message_id)
-        log.info("moved %s offset %d to %s after %d attempts", origin, offset, name, attempts)
+        log.info("moved %s offset %d to %s after %d deliveries", origin, offset, name, attempts)
 
     def _inflight_for(
         self, namespace: str, group: str, receipt: str
@@ -1519,6 +1519,20 @@ class Engine:
             first_pop_ms=new.first_pop_ms,
             next_visible_ms=new.deadline_ms,
         )
+
+    async def nack(self, namespace: str, group: str, receipt: str, *, delay_ms: int = 0) -> None:
+        await self.change_invisibility(namespace, group, receipt, delay_ms)
+
+    async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
+        await self._writable()
+        topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
+        ref = QueueRef(topic.namespace, topic.name, qid)
+        [(message, message_id)] = self._messages_at([topic.queues[qid].get(offset)])
+        config = self._group_configs.get((namespace, group), GroupConfig())
+        self._dead_letter(namespace, group, config, ref, offset, message, message_id, state.attempt)
+        cursor.ack(offset)
+        self._record(rec.Ack(group, topic.id, qid, offset))
+        await self._log.wait_durable()
 
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
         self._check_open()

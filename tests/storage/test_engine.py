@@ -299,6 +299,23 @@ async def test_nack_and_change_invisibility(storage: Engine, clock: ManualClock)
     assert (again.offset, again.delivery_attempt) == (0, 2)
 
 
+async def test_nack_with_delay_and_dead_letter_now(storage: Engine, clock: ManualClock) -> None:
+    await storage.create_topic(NS, "t")
+    await put(storage, b"retry", b"poison")
+    retry, poison = await storage.pop(NS, "g", [q()], max_messages=2, invisible_ms=60_000)
+    await storage.nack(NS, "g", retry.receipt or "", delay_ms=1000)
+    await storage.dead_letter(NS, "g", poison.receipt or "")
+    assert await storage.pop(NS, "g", [q()]) == []
+    clock.advance(1000)
+    [again] = await storage.pop(NS, "g", [q()], max_messages=5)
+    assert (again.message.body, again.delivery_attempt) == (b"retry", 2)
+    [dead] = (await storage.read(q("%DLQ%g"), 0)).messages
+    assert dead.message.body == b"poison" and dead.message_id == poison.message_id
+    assert dead.message.property("DLQ_DELIVERY_ATTEMPTS") == b"1"
+    with pytest.raises(errors.InvalidReceipt):
+        await storage.dead_letter(NS, "g", poison.receipt or "")
+
+
 @pytest.mark.parametrize("receipt", ["", "garbage!", "AAAA", "A" * 500])
 async def test_bad_receipts(storage: Engine, receipt: str) -> None:
     await storage.create_topic(NS, "t")
