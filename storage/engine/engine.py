@@ -17,21 +17,16 @@ message only after its record is durable, so no crash can take back what a reade
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import functools
 import heapq
 import json
 import logging
-import sys
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any
-
-import crc32c
 
 from storage import batch_formats
 from storage.clock import Clock, SystemClock
@@ -55,18 +50,24 @@ from storage.engine.snapshot import (
     write_json_lines,
     write_snapshot,
 )
+from storage.engine.state import (
+    EngineState,
+    Held,
+    QueueKey,
+    Seen,
+    Topic,
+    config_to_json,
+    text_hash,
+)
 from storage.errors import (
     InvalidArgument,
     InvalidReceipt,
     MessageTooLarge,
     NamespaceAlreadyExists,
-    NamespaceNotFound,
     OffsetOutOfRange,
-    QueueNotFound,
     StorageClosed,
     StorageError,
     TopicAlreadyExists,
-    TopicNotFound,
     TransactionNotFound,
 )
 from storage.model import (
@@ -79,7 +80,6 @@ from storage.model import (
     GroupConfig,
     HalfMessage,
     Message,
-    MessageType,
     Placement,
     QueueOffsets,
     QueueRef,
@@ -103,74 +103,6 @@ _DLQ_PREFIX = "%DLQ%"
 # readable back by a JSON parser with a recursion limit.
 _MAX_META_DEPTH = 64
 
-_QueueKey = tuple[int, int]  # (topic id, queue id)
-_GroupKey = tuple[str, str]  # (namespace, group)
-
-
-def _hash(text: str | None) -> int:
-    """Non-zero 32-bit hash of a tag or message group; 0 means none."""
-    if text is None:
-        return 0
-    return crc32c.crc32c(text.encode()) or 1
-
-
-@dataclass(slots=True)
-class _Topic:
-    id: int
-    namespace: str
-    name: str
-    config: TopicConfig
-    created_ms: int
-    modified_ms: int
-    queues: list[QueueIndex]
-
-    def keeps_everything(self) -> bool:
-        return self.config.retention_ms == UNLIMITED or self.config.retention_bytes == UNLIMITED
-
-
-@dataclass(slots=True)
-class _Seen:
-    """What an append with a dedup key returned, kept for the dedup window."""
-
-    expires_ms: int
-    message_id: str
-    store_ms: int
-    dispatches: tuple[tuple[int, int, int], ...]  # (topic id, queue id, offset)
-
-
-@dataclass(slots=True)
-class _Held:
-    """A stored message not yet in any queue: delayed, or a transaction half."""
-
-    position: int
-    size: int
-    namespace: str
-    record: rec.MessageRecord
-
-    @property
-    def is_half(self) -> bool:
-        return bool(self.record.flags & rec.MESSAGE_HALF)
-
-
-@functools.lru_cache(maxsize=4096)
-def _config_to_json(config: TopicConfig | GroupConfig) -> dict[str, Any]:
-    """Configs are frozen and mostly shared, so each is converted once (``asdict`` is
-    slow, and a checkpoint converts every topic's while writers wait). Callers must not
-    mutate the result."""
-    return asdict(config)
-
-
-@functools.lru_cache(maxsize=1024)
-def _interned_topic_config(items: tuple[tuple[str, Any], ...]) -> TopicConfig:
-    data = dict(items)
-    return TopicConfig(**{**data, "message_type": MessageType(data["message_type"])})
-
-
-def _topic_config(data: dict[str, Any]) -> TopicConfig:
-    """One shared object per distinct config: 100,000 one-queue topics (AMQP queues,
-    MQTT sessions) mostly share a handful."""
-    return _interned_topic_config(tuple(sorted(data.items())))
-
 
 class Engine:
     """The embedded engine. Use as ``async with Engine(config) as engine:``."""
@@ -186,26 +118,7 @@ class Engine:
             durability=config.durability,
             flush_interval_ms=config.flush_interval_ms,
         )
-        self._namespaces: dict[str, int] = {}
-        self._topics: dict[tuple[str, str], _Topic] = {}
-        self._topics_by_id: dict[int, _Topic] = {}
-        self._next_topic_id = 1
-        self._dead_topic_ids: set[int] = set()
-        self._trims: dict[_QueueKey, int] = {}  # delete_records: first offset kept
-        self._topics_version = 0  # bumped by every topic change
-        self._topics_json: tuple[int, list[Any]] = (-1, [])
-        self._topics_file: tuple[int, str] | None = None  # (version on disk, file name)
-        self._dirty_queues: set[_QueueKey] = set()  # new entries since checkpoint
-        self._group_configs: dict[_GroupKey, GroupConfig] = {}
-        self._offsets: dict[_GroupKey, dict[_QueueKey, CommittedOffset]] = {}
-        self._cursors: dict[_GroupKey, dict[_QueueKey, PopCursor]] = {}
-        self._held: dict[int, _Held] = {}
-        self._held_by_id: dict[tuple[str, str], int] = {}
-        self._dedup: OrderedDict[tuple[str, str], _Seen] = OrderedDict()
-        self._due: list[tuple[int, int]] = []  # (due ms, position) of delayed messages
-        self._latest: dict[tuple[str, str], dict[bytes, bytes]] = {}
-        self._kv: dict[tuple[str, str], dict[str, Any]] = {}
-        self._pop_seq = 0
+        self._state = EngineState(dedup_window_ms=config.dedup_window_ms, clock=self.clock)
         self._rotation = 0
         self._decoded: OrderedDict[int, tuple[str, Message | BatchEntry]] = OrderedDict()
         self._ids: MessageIds | None = None
@@ -213,7 +126,6 @@ class Engine:
         self._gate.set()
         self._maintenance_lock = asyncio.Lock()
         self._checkpoint_position = 0
-        self._due_changed = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._closed = False
@@ -243,14 +155,16 @@ class Engine:
         position = 0
         if snapshot is not None:
             position = int(snapshot["position"])
-            self._load_snapshot(snapshot)
+            self._state.load_snapshot(snapshot, iter_json_lines(self._dir, snapshot["topics_file"]))
         self._load_index_files()
         self._log.open()
         for held_position, held_size in (snapshot or {}).get("held", []):
             self._restore_held(int(held_position), int(held_size))
         replayed = 0
         for record_position, payload in self._log.recover(position):
-            self._replay(record_position, HEADER_SIZE + len(payload), rec.decode_record(payload))
+            self._state.replay(
+                record_position, HEADER_SIZE + len(payload), rec.decode_record(payload)
+            )
             replayed += 1
         self._reconcile_indexes()
         self._checkpoint_position = position
@@ -262,7 +176,7 @@ class Engine:
         )
         self._log.start_flushing()
         self._started = True
-        if DEFAULT_NAMESPACE not in self._namespaces:
+        if DEFAULT_NAMESPACE not in self._state.namespaces:
             await self.create_namespace(DEFAULT_NAMESPACE)
         self._apply_topic_retention()
         loop = asyncio.get_running_loop()
@@ -283,7 +197,7 @@ class Engine:
         with contextlib.suppress(Exception):
             await self.checkpoint()
         self._closed = True
-        for topic in self._topics.values():
+        for topic in self._state.topics.values():
             for queue in topic.queues:
                 queue.wake()
         await self._log.close()
@@ -302,105 +216,11 @@ class Engine:
 
     # ------------------------------------------------------------------ recovery
 
-    def _load_snapshot(self, s: dict[str, Any]) -> None:
-        self._next_topic_id = int(s["next_topic_id"])
-        self._pop_seq = int(s["pop_seq"])
-        self._namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
-        topics_file = s["topics_file"]
-        for tid, ns, name, config, created, modified, count in iter_json_lines(
-            self._dir, topics_file
-        ):
-            topic = _Topic(int(tid), sys.intern(ns), name, _topic_config(config), created,
-                           modified, [])  # fmt: skip
-            self._add_topic(topic, count)
-        self._topics_file = (self._topics_version, topics_file)
-        for tid, qid, offset in s["trims"]:
-            self._trims[(tid, qid)] = offset
-            self._topics_by_id[tid].queues[qid].earliest = offset
-        for ns, group, config in s["groups"]:
-            self._group_configs[(ns, group)] = GroupConfig(**config)
-        for ns, group, tid, qid, offset, metadata, ms in s["offsets"]:
-            self._offsets.setdefault((ns, group), {})[(tid, qid)] = CommittedOffset(
-                offset=offset, metadata=metadata, commit_ms=ms
-            )
-        for ns, group, tid, qid, data in s["cursors"]:
-            self._cursors.setdefault((ns, group), {})[(tid, qid)] = PopCursor.from_json(data)
-        for ns, topic, key, message in s["latest"]:
-            self._latest.setdefault((ns, topic), {})[base64.b64decode(key)] = base64.b64decode(
-                message
-            )
-        for ns, kind, name, value in s["kv"]:
-            self._kv.setdefault((ns, kind), {})[name] = value
-        self._dead_topic_ids = set(s.get("dead_topic_ids", []))
-        for ns, key, expires, message_id, store_ms, dispatches in s["dedup"]:
-            self._dedup[(ns, key)] = _Seen(
-                expires, message_id, store_ms, tuple(tuple(d) for d in dispatches)
-            )
-
-    def _snapshot_state(self, position: int) -> dict[str, Any]:
-        b64 = base64.b64encode
-        return {
-            "version": 1,
-            "position": position,
-            "next_topic_id": self._next_topic_id,
-            "pop_seq": self._pop_seq,
-            "namespaces": self._namespaces,
-            "topics_file": self._topics_file_name(position),
-            "trims": [[tid, qid, offset] for (tid, qid), offset in self._trims.items()],
-            "groups": [[ns, g, _config_to_json(c)] for (ns, g), c in self._group_configs.items()],
-            "offsets": [
-                [ns, g, tid, qid, c.offset, c.metadata, c.commit_ms]
-                for (ns, g), per_queue in self._offsets.items()
-                for (tid, qid), c in per_queue.items()
-            ],
-            "cursors": [
-                [ns, g, tid, qid, cursor.to_json()]
-                for (ns, g), per_queue in self._cursors.items()
-                for (tid, qid), cursor in per_queue.items()
-            ],
-            "held": [[h.position, h.size] for h in self._held.values()],
-            "latest": [
-                [ns, topic, b64(key).decode(), b64(value).decode()]
-                for (ns, topic), values in self._latest.items()
-                for key, value in values.items()
-            ],
-            "kv": [
-                [ns, kind, name, value]
-                for (ns, kind), values in self._kv.items()
-                for name, value in values.items()
-            ],
-            "dead_topic_ids": sorted(self._dead_topic_ids),
-            "dedup": [
-                [ns, key, s.expires_ms, s.message_id, s.store_ms, s.dispatches]
-                for (ns, key), s in self._dedup.items()
-            ],
-        }
-
-    def _topics_file_name(self, position: int) -> str:
-        """The topics file this checkpoint relies on: the one on disk if no topic
-        changed since it was written, else a new one named by the log position."""
-        if self._topics_file is not None and self._topics_file[0] == self._topics_version:
-            return self._topics_file[1]
-        return f"topics-{position:020d}.jsonl"
-
-    def _topics_snapshot(self) -> list[Any]:
-        """The topics part of a checkpoint, rebuilt only after a topic changed: with
-        100,000 topics it is the slow part, and checkpoints hold writers at a gate."""
-        version, cached = self._topics_json
-        if version != self._topics_version:
-            cached = [
-                [t.id, t.namespace, t.name, _config_to_json(t.config), t.created_ms,
-                 t.modified_ms, len(t.queues)]
-                for t in self._topics.values()
-            ]  # fmt: skip
-            self._topics_json = (self._topics_version, cached)
-        return cached
-
     def _load_index_files(self) -> None:
         for path in self._index_dir.glob("*.idx"):
             try:
                 tid_text, qid_text = path.stem.split("-")
-                topic = self._topics_by_id.get(int(tid_text))
+                topic = self._state.topics_by_id.get(int(tid_text))
                 qid = int(qid_text)
             except ValueError:
                 topic = None
@@ -414,7 +234,7 @@ class Engine:
             queue.base = base
             queue.file_base = base if intact else None  # torn: rewrite at the checkpoint
             if not intact:
-                self._dirty_queues.add((topic.id, qid))
+                self._state.dirty_queues.add((topic.id, qid))
             queue.entries = entries
             queue.next_offset = queue.persisted_end = queue.end
         for path in self._index_dir.glob("*.tmp"):
@@ -423,7 +243,7 @@ class Engine:
     def _reconcile_indexes(self) -> None:
         """Cut index entries that point past the log end or before its start."""
         start, end = self._log.start, self._log.end
-        for topic in self._topics.values():
+        for topic in self._state.topics.values():
             for queue in topic.queues:
                 if queue.end > queue.base and queue.position(queue.end - 1) >= end:
                     queue.truncate(queue.first_offset_where("position", end))
@@ -435,25 +255,7 @@ class Engine:
     def _restore_held(self, position: int, size: int) -> None:
         record = rec.decode_record(self._log.read(position, size))
         if isinstance(record, rec.MessageRecord):
-            self._replay(position, size, record)
-
-    def _replay(self, position: int, size: int, record: rec.Record) -> None:
-        match record:
-            case rec.MessageRecord():
-                self._apply_message(position, size, record)
-                self._publish(position, size, record)
-            case rec.Pop():
-                self._apply_pop(record)
-            case rec.Ack():
-                self._apply_ack(record)
-            case rec.OffsetCommit():
-                self._apply_offset_commit(record)
-            case rec.Meta():
-                self._apply_meta(record.op)
-            case rec.Resolve():
-                self._drop_held(record.position)
-            case rec.Latest():
-                self._apply_latest(record)
+            self._state.replay(position, size, record)
 
     # ------------------------------------------------------------------ applying records
 
@@ -461,224 +263,13 @@ class Engine:
         """Reserve a non-message record; its in-memory effect is applied by the caller."""
         return self._log.reserve(rec.encode_record(record))
 
-    def _add_topic(self, topic: _Topic, queue_count: int) -> None:
-        topic.queues = [QueueIndex() for _ in range(queue_count)]
-        self._topics[(topic.namespace, topic.name)] = topic
-        self._topics_by_id[topic.id] = topic
-        self._next_topic_id = max(self._next_topic_id, topic.id + 1)
-
-    def _apply_meta(self, op: dict[str, Any]) -> None:
-        kind = op["op"]
-        if kind.startswith("topic_"):
-            self._topics_version += 1
-        if kind == "ns_create":
-            self._namespaces[op["ns"]] = op["ms"]
-        elif kind == "ns_delete":
-            self._namespaces.pop(op["ns"], None)
-            for key in [k for k in self._kv if k[0] == op["ns"]]:
-                del self._kv[key]
-        elif kind == "topic_create":
-            topic = _Topic(
-                op["id"], op["ns"], op["name"], _topic_config(op["config"]), op["ms"], op["ms"], []
-            )
-            self._add_topic(topic, topic.config.queue_count)
-        elif kind == "topic_alter":
-            topic = self._topics_by_id[op["id"]]
-            topic.config = _topic_config(op["config"])
-            topic.modified_ms = op["ms"]
-            while len(topic.queues) < topic.config.queue_count:
-                topic.queues.append(QueueIndex())
-        elif kind == "topic_delete":
-            topic = self._topics_by_id.pop(op["id"])
-            del self._topics[(topic.namespace, topic.name)]
-            self._dead_topic_ids.add(topic.id)
-            for queue_key in [k for k in self._trims if k[0] == topic.id]:
-                del self._trims[queue_key]
-            for offsets in self._offsets.values():
-                for queue_key in [k for k in offsets if k[0] == topic.id]:
-                    del offsets[queue_key]
-            for cursors in self._cursors.values():
-                for queue_key in [k for k in cursors if k[0] == topic.id]:
-                    del cursors[queue_key]
-            for queue in topic.queues:
-                queue.wake()
-        elif kind == "trim":
-            trimmed = self._topics_by_id.get(op["id"])
-            if trimmed is not None and op["queue"] < len(trimmed.queues):
-                queue = trimmed.queues[op["queue"]]
-                queue.earliest = max(queue.earliest, min(op["offset"], queue.end))
-                self._trims[(trimmed.id, op["queue"])] = queue.earliest
-        elif kind == "group_config":
-            self._group_configs[(op["ns"], op["group"])] = GroupConfig(**op["config"])
-        elif kind == "offsets_delete":
-            group_key = (op["ns"], op["group"])
-            per_queue = self._offsets.get(group_key, {})
-            for tid, qid in op["queues"] or list(per_queue):
-                per_queue.pop((tid, qid), None)
-            if not per_queue:  # a group with no offsets left is gone (Kafka's DeleteGroups)
-                self._offsets.pop(group_key, None)
-        elif kind == "kv_put":
-            self._kv.setdefault((op["ns"], op["kind"]), {})[op["name"]] = op["value"]
-        elif kind == "kv_delete":
-            self._kv.get((op["ns"], op["kind"]), {}).pop(op["name"], None)
-        else:
-            raise ValueError(f"unknown metadata operation {kind!r}")
-
     def _meta(self, **op: Any) -> int:
         """Log and apply one metadata change; returns the log end to wait for."""
-        self._apply_meta(op)
+        self._state.apply_meta(op)
         self._record(rec.Meta(op))
         return self._log.end
 
-    def _apply_message(self, position: int, size: int, record: rec.MessageRecord) -> None:
-        """The effect of a message record on held state (publishing is separate)."""
-        if record.flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF):
-            topic = (
-                self._topics_by_id.get(record.dispatches[0].topic_id) if record.dispatches else None
-            )
-            namespace = topic.namespace if topic else record.aux.partition("\x00")[0]
-            held = _Held(position, size, namespace, record)
-            self._held[position] = held
-            self._held_by_id[(namespace, record.message_id)] = position
-            if record.flags & rec.MESSAGE_SCHEDULED:
-                heapq.heappush(self._due, (record.due_ms, position))
-                self._due_changed.set()
-        if record.source >= 0:  # a held message made visible (or re-held: delayed commit)
-            self._drop_held(record.source)
-        elif record.aux and not record.flags & rec.MESSAGE_HALF:
-            self._remember(record)  # aux of a new (not half) message is its dedup key
-
-    def _remember(self, record: rec.MessageRecord) -> None:
-        """Keep a dedup key (with what its append returned) for the dedup window."""
-        expires = record.store_ms + self.config.dedup_window_ms
-        topic = self._topics_by_id.get(record.dispatches[0].topic_id) if record.dispatches else None
-        if topic is None or expires <= self._now():
-            return
-        key = (topic.namespace, record.aux)
-        self._dedup[key] = _Seen(expires, record.message_id, record.store_ms,
-                                 tuple((d.topic_id, d.queue_id, d.offset)
-                                       for d in record.dispatches))  # fmt: skip
-        self._dedup.move_to_end(key)
-
-    def _seen(self, namespace: str, dedup_key: str) -> _Seen | None:
-        """The append a dedup key names, if within the window. Expired keys go first:
-        they were remembered in store order, so the oldest are at the front."""
-        now = self._now()
-        while self._dedup:
-            oldest = next(iter(self._dedup.values()))
-            if oldest.expires_ms > now:
-                break
-            self._dedup.popitem(last=False)
-        return self._dedup.get((namespace, dedup_key))
-
-    def _drop_held(self, position: int) -> None:
-        held = self._held.pop(position, None)
-        if held is not None:
-            self._held_by_id.pop((held.namespace, held.record.message_id), None)
-
-    def _publish(self, position: int, size: int, record: rec.MessageRecord) -> None:
-        """Make a durable message record visible in its queues."""
-        if record.flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF):
-            return
-        for dispatch in record.dispatches:
-            topic = self._topics_by_id.get(dispatch.topic_id)
-            if topic is None or dispatch.queue_id >= len(topic.queues):
-                continue  # deleted since
-            queue = topic.queues[dispatch.queue_id]
-            if dispatch.offset < queue.end:
-                continue  # already indexed (replay over a newer index file)
-            if dispatch.offset > queue.end:
-                log.error(
-                    "index gap in %s[%d]: expected offset %d, record has %d",
-                    topic.name,
-                    dispatch.queue_id,
-                    queue.end,
-                    dispatch.offset,
-                )
-                continue
-            queue.append_record(
-                position, size, record.count, record.store_ms, record.group_hash, record.tag_hash
-            )
-            self._dirty_queues.add((topic.id, dispatch.queue_id))
-            queue.next_offset = max(queue.next_offset, queue.end)
-            if queue.waiters:
-                queue.wake()
-
-    def _cursor(self, group: _GroupKey, tid: int, qid: int) -> PopCursor:
-        per_queue = self._cursors.setdefault(group, {})
-        cursor = per_queue.get((tid, qid))
-        if cursor is None:
-            topic = self._topics_by_id.get(tid)
-            start = topic.queues[qid].earliest if topic and qid < len(topic.queues) else 0
-            cursor = per_queue[(tid, qid)] = PopCursor(start)
-        return cursor
-
-    def _group_of(self, tid: int, group: str) -> _GroupKey | None:
-        topic = self._topics_by_id.get(tid)
-        return (topic.namespace, group) if topic else None
-
-    def _apply_pop(self, record: rec.Pop) -> None:
-        key = self._group_of(record.topic_id, record.group)
-        if key is None:
-            return
-        self._pop_seq = max(self._pop_seq, record.seq)  # never reuse a receipt's seq
-        cursor = self._cursor(key, record.topic_id, record.queue_id)
-        if cursor.is_consumed(record.offset):
-            return
-        state = Inflight(record.deadline_ms, record.attempt, record.seq, record.first_pop_ms)
-        cursor.hand_out(record.offset, state)
-
-    def _apply_ack(self, record: rec.Ack) -> None:
-        key = self._group_of(record.topic_id, record.group)
-        if key is not None:
-            self._cursor(key, record.topic_id, record.queue_id).ack(record.offset)
-
-    def _apply_offset_commit(self, record: rec.OffsetCommit) -> None:
-        key = self._group_of(record.topic_id, record.group)
-        if key is not None:
-            self._offsets.setdefault(key, {})[(record.topic_id, record.queue_id)] = CommittedOffset(
-                offset=record.offset, metadata=record.metadata, commit_ms=record.commit_ms
-            )
-
-    def _apply_latest(self, record: rec.Latest) -> None:
-        values = self._latest.setdefault((record.namespace, record.topic), {})
-        if record.message is None:
-            values.pop(record.key, None)
-        else:
-            values[record.key] = record.message
-
     # ------------------------------------------------------------------ lookups
-
-    def _namespace(self, namespace: str) -> str:
-        if namespace not in self._namespaces:
-            raise NamespaceNotFound(f"namespace {namespace!r} does not exist")
-        return namespace
-
-    def _topic(self, namespace: str, name: str) -> _Topic:
-        topic = self._topics.get((namespace, name))
-        if topic is None:
-            self._namespace(namespace)
-            raise TopicNotFound(f"topic {name!r} does not exist in namespace {namespace!r}")
-        return topic
-
-    def _queue(self, ref: QueueRef) -> tuple[_Topic, QueueIndex]:
-        topic = self._topic(ref.namespace, ref.topic)
-        if not 0 <= ref.queue_id < len(topic.queues):
-            raise QueueNotFound(
-                f"queue {ref.queue_id} does not exist in topic {ref.topic!r} "
-                f"({len(topic.queues)} queues)"
-            )
-        return topic, topic.queues[ref.queue_id]
-
-    def _topic_info(self, topic: _Topic) -> TopicInfo:
-        return TopicInfo(
-            namespace=topic.namespace,
-            name=topic.name,
-            config=topic.config,
-            queues=tuple(QueueOffsets(q.earliest, q.end) for q in topic.queues),
-            created_ms=topic.created_ms,
-            modified_ms=topic.modified_ms,
-        )
 
     def _now(self) -> int:
         return self.clock.now_ms()
@@ -688,20 +279,20 @@ class Engine:
     async def create_namespace(self, namespace: str) -> None:
         check_name("namespace", namespace)
         await self._writable()
-        if namespace in self._namespaces:
+        if namespace in self._state.namespaces:
             raise NamespaceAlreadyExists(f"namespace {namespace!r} already exists")
         await self._log.wait_durable(self._meta(op="ns_create", ns=namespace, ms=self._now()))
 
     async def delete_namespace(self, namespace: str) -> None:
         await self._writable()
-        self._namespace(namespace)
-        if any(ns == namespace for ns, _ in self._topics):
+        self._state.namespace(namespace)
+        if any(ns == namespace for ns, _ in self._state.topics):
             raise InvalidArgument(f"namespace {namespace!r} still has topics")
         await self._log.wait_durable(self._meta(op="ns_delete", ns=namespace))
 
     async def list_namespaces(self) -> list[str]:
         self._check_open()
-        return sorted(self._namespaces)
+        return sorted(self._state.namespaces)
 
     # ------------------------------------------------------------------ topics
 
@@ -724,59 +315,61 @@ class Engine:
         check_name("topic", topic)
         self._check_topic_config(config)
         await self._writable()
-        self._namespace(namespace)
-        if (namespace, topic) in self._topics:
+        self._state.namespace(namespace)
+        if (namespace, topic) in self._state.topics:
             raise TopicAlreadyExists(f"topic {topic!r} already exists in namespace {namespace!r}")
         end = self._meta(
             op="topic_create",
-            id=self._next_topic_id,
+            id=self._state.next_topic_id,
             ns=namespace,
             name=topic,
-            config=_config_to_json(config),
+            config=config_to_json(config),
             ms=self._now(),
         )
         await self._log.wait_durable(end)
-        return self._topic_info(self._topic(namespace, topic))
+        return self._state.topic_info(self._state.topic(namespace, topic))
 
     async def alter_topic(self, namespace: str, topic: str, config: TopicConfig) -> TopicInfo:
         self._check_topic_config(config)
         await self._writable()
-        current = self._topic(namespace, topic)
+        current = self._state.topic(namespace, topic)
         if config.queue_count < len(current.queues):
             raise InvalidArgument(
                 f"queue_count can only grow: topic {topic!r} has {len(current.queues)} queues"
             )
         end = self._meta(
-            op="topic_alter", id=current.id, config=_config_to_json(config), ms=self._now()
+            op="topic_alter", id=current.id, config=config_to_json(config), ms=self._now()
         )
         await self._log.wait_durable(end)
         self._apply_topic_retention()
-        return self._topic_info(current)
+        return self._state.topic_info(current)
 
     async def delete_topic(self, namespace: str, topic: str) -> None:
         await self._writable()
-        current = self._topic(namespace, topic)
+        current = self._state.topic(namespace, topic)
         await self._log.wait_durable(self._meta(op="topic_delete", id=current.id))
 
     async def list_topics(self, namespace: str) -> list[TopicInfo]:
         self._check_open()
-        self._namespace(namespace)
+        self._state.namespace(namespace)
         return [
-            self._topic_info(t) for (ns, _), t in sorted(self._topics.items()) if ns == namespace
+            self._state.topic_info(t)
+            for (ns, _), t in sorted(self._state.topics.items())
+            if ns == namespace
         ]
 
     async def describe_topic(self, namespace: str, topic: str) -> TopicInfo:
         self._check_open()
-        return self._topic_info(self._topic(namespace, topic))
+        return self._state.topic_info(self._state.topic(namespace, topic))
 
     async def queue_offsets(self, queue: QueueRef) -> QueueOffsets:
         self._check_open()
-        _, index = self._queue(queue)
+        _, index = self._state.queue(queue)
         return QueueOffsets(index.earliest, index.end)
 
     async def delete_records(self, queue: QueueRef, before_offset: int) -> QueueOffsets:
         await self._writable()
-        topic, index = self._queue(queue)
+        topic, index = self._state.queue(queue)
         if not 0 <= before_offset <= index.end:
             raise OffsetOutOfRange(
                 f"offset {before_offset} is outside [0, {index.end}] of {queue}",
@@ -790,18 +383,18 @@ class Engine:
 
     async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
         self._check_open()
-        _, index = self._queue(queue)
+        _, index = self._state.queue(queue)
         return max(index.earliest, index.first_offset_where("store_ms", timestamp_ms))
 
     # ------------------------------------------------------------------ append
 
-    def _max_bytes(self, topic: _Topic) -> int:
+    def _max_bytes(self, topic: Topic) -> int:
         limit = self.config.max_message_bytes
         if topic.config.max_message_bytes is not None:
             limit = min(limit, topic.config.max_message_bytes)
         return limit
 
-    def _validate_append(self, request: AppendRequest) -> list[tuple[_Topic, int]]:
+    def _validate_append(self, request: AppendRequest) -> list[tuple[Topic, int]]:
         if request.dedup_key is not None:
             check_name("dedup key", request.dedup_key)
         if not isinstance(request.entry, Message | BatchEntry):
@@ -812,7 +405,7 @@ class Engine:
             raise InvalidArgument("the same queue appears twice in one append")
         targets = []
         for ref in request.queues:
-            topic, _ = self._queue(ref)
+            topic, _ = self._state.queue(ref)
             targets.append((topic, ref.queue_id))
         entry = request.entry
         size = len(entry.body) if isinstance(entry, Message) else len(entry.raw)
@@ -837,7 +430,7 @@ class Engine:
     def _append_now(
         self,
         entry: Message | BatchEntry,
-        targets: Sequence[tuple[_Topic, int]],
+        targets: Sequence[tuple[Topic, int]],
         *,
         encoded: bytes | None = None,
         message_id: str | None = None,
@@ -875,8 +468,8 @@ class Engine:
             source=source,
             count=count,
             due_ms=due,
-            group_hash=_hash(first.message_group) if first is not None else 0,
-            tag_hash=_hash(first.tag) if first is not None else 0,
+            group_hash=text_hash(first.message_group) if first is not None else 0,
+            tag_hash=text_hash(first.tag) if first is not None else 0,
             dispatches=tuple(dispatches),
             aux=aux,
             entry=encoded if encoded is not None else rec.encode_entry(entry),
@@ -884,9 +477,9 @@ class Engine:
         payload = rec.encode_record(record)
         size = HEADER_SIZE + len(payload)
         position = self._log.reserve(
-            payload, on_durable=lambda: self._publish(position, size, record)
+            payload, on_durable=lambda: self._state.publish(position, size, record)
         )
-        self._apply_message(position, size, record)
+        self._state.apply_message(position, size, record)
         return record, position
 
     @staticmethod
@@ -909,7 +502,7 @@ class Engine:
         done: list[rec.MessageRecord | AppendResult] = []
         for request, targets in checked:
             seen = (
-                self._seen(request.queues[0].namespace, request.dedup_key)
+                self._state.seen(request.queues[0].namespace, request.dedup_key)
                 if request.dedup_key is not None
                 else None
             )
@@ -925,11 +518,11 @@ class Engine:
             for item, (request, _) in zip(done, checked, strict=True)
         ]
 
-    def _duplicate(self, seen: _Seen) -> AppendResult:
+    def _duplicate(self, seen: Seen) -> AppendResult:
         placements = tuple(
-            Placement(self._ref((tid, qid)), offset)
+            Placement(self._state.ref((tid, qid)), offset)
             for tid, qid, offset in seen.dispatches
-            if offset >= 0 and tid in self._topics_by_id
+            if offset >= 0 and tid in self._state.topics_by_id
         )
         return AppendResult(
             message_id=seen.message_id,
@@ -940,11 +533,11 @@ class Engine:
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
         await self._writable()
-        position = self._held_by_id.get((namespace, message_id))
-        held = self._held.get(position) if position is not None else None
+        position = self._state.held_by_id.get((namespace, message_id))
+        held = self._state.held.get(position) if position is not None else None
         if held is None or held.is_half:
             return False
-        self._drop_held(held.position)
+        self._state.drop_held(held.position)
         self._record(rec.Resolve(held.position, rec.RESOLVE_CANCEL))
         await self._log.wait_durable()
         return True
@@ -954,31 +547,33 @@ class Engine:
     async def _deliver_due_loop(self) -> None:
         while True:
             now = self._now()
-            while self._due and (self._due[0][1] not in self._held):
-                heapq.heappop(self._due)
-            if self._due and self._due[0][0] <= now:
+            while self._state.due and (self._state.due[0][1] not in self._state.held):
+                heapq.heappop(self._state.due)
+            if self._state.due and self._state.due[0][0] <= now:
                 await self._writable()
-                while self._due and self._due[0][0] <= self._now():
-                    _, position = heapq.heappop(self._due)
-                    held = self._held.get(position)
+                while self._state.due and self._state.due[0][0] <= self._now():
+                    _, position = heapq.heappop(self._state.due)
+                    held = self._state.held.get(position)
                     if held is not None:
                         self._make_visible(held)
                 continue
-            self._due_changed.clear()
-            waiters: list[asyncio.Future[Any]] = [asyncio.ensure_future(self._due_changed.wait())]
-            if self._due:
-                waiters.append(asyncio.ensure_future(self.clock.sleep_until(self._due[0][0])))
+            self._state.due_changed.clear()
+            waiters: list[asyncio.Future[Any]] = [
+                asyncio.ensure_future(self._state.due_changed.wait())
+            ]
+            if self._state.due:
+                waiters.append(asyncio.ensure_future(self.clock.sleep_until(self._state.due[0][0])))
             try:
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for waiter in waiters:
                     waiter.cancel()
 
-    def _make_visible(self, held: _Held) -> rec.MessageRecord:
+    def _make_visible(self, held: Held) -> rec.MessageRecord:
         """Append a visible copy of a held message (same id and body) into its queues."""
         targets = []
         for d in held.record.dispatches:
-            topic = self._topics_by_id.get(d.topic_id)
+            topic = self._state.topics_by_id.get(d.topic_id)
             if topic is not None and d.queue_id < len(topic.queues):
                 targets.append((topic, d.queue_id))
         entry = rec.decode_entry(held.record.entry)
@@ -1080,12 +675,12 @@ class Engine:
     async def _readable(self, ref: QueueRef, offset: int, wait_ms: int) -> QueueIndex:
         """The queue's index once ``offset`` is valid, after a long poll if it is the end."""
         self._check_open()
-        _, index = self._queue(ref)
+        _, index = self._state.queue(ref)
         self._check_offset(ref, index, offset)
         if offset >= index.end and wait_ms > 0:
             await self._wait_for_data([index], self._now() + wait_ms)
             self._check_open()
-            _, index = self._queue(ref)  # the topic may be gone by now
+            _, index = self._state.queue(ref)  # the topic may be gone by now
             self._check_offset(ref, index, offset)
         return index
 
@@ -1186,10 +781,10 @@ class Engine:
 
     # ------------------------------------------------------------------ offsets (stream mode)
 
-    def _queue_key(self, namespace: str, ref: QueueRef) -> _QueueKey:
+    def _queue_key(self, namespace: str, ref: QueueRef) -> QueueKey:
         if ref.namespace != namespace:
             raise InvalidArgument(f"queue {ref} is not in namespace {namespace!r}")
-        topic, _ = self._queue(ref)
+        topic, _ = self._state.queue(ref)
         return topic.id, ref.queue_id
 
     async def commit_offset(
@@ -1201,7 +796,7 @@ class Engine:
         if offset < 0:
             raise InvalidArgument(f"offset must not be negative, got {offset}")
         record = rec.OffsetCommit(group, tid, qid, offset, metadata, self._now())
-        self._apply_offset_commit(record)
+        self._state.apply_offset_commit(record)
         self._record(record)
         await self._log.wait_durable()
 
@@ -1210,17 +805,16 @@ class Engine:
     ) -> CommittedOffset | None:
         self._check_open()
         key = self._queue_key(namespace, queue)
-        return self._offsets.get((namespace, group), {}).get(key)
-
-    def _ref(self, key: _QueueKey) -> QueueRef:
-        topic = self._topics_by_id[key[0]]
-        return QueueRef(topic.namespace, topic.name, key[1])
+        return self._state.offsets.get((namespace, group), {}).get(key)
 
     async def list_group_offsets(
         self, namespace: str, group: str
     ) -> dict[QueueRef, CommittedOffset]:
         self._check_open()
-        return {self._ref(k): v for k, v in self._offsets.get((namespace, group), {}).items()}
+        return {
+            self._state.ref(k): v
+            for k, v in self._state.offsets.get((namespace, group), {}).items()
+        }
 
     async def delete_group_offsets(
         self, namespace: str, group: str, queues: Sequence[QueueRef] | None = None
@@ -1235,7 +829,7 @@ class Engine:
         self._check_open()
         names = {
             g
-            for source in (self._offsets, self._cursors, self._group_configs)
+            for source in (self._state.offsets, self._state.cursors, self._state.group_configs)
             for ns, g in source
             if ns == namespace
         }
@@ -1250,15 +844,15 @@ class Engine:
         if config.dead_letter_topic is not None:
             check_name("topic", config.dead_letter_topic)
         await self._writable()
-        self._namespace(namespace)
+        self._state.namespace(namespace)
         end = self._meta(
-            op="group_config", ns=namespace, group=group, config=_config_to_json(config)
+            op="group_config", ns=namespace, group=group, config=config_to_json(config)
         )
         await self._log.wait_durable(end)
 
     async def get_group_config(self, namespace: str, group: str) -> GroupConfig:
         self._check_open()
-        return self._group_configs.get((namespace, group), GroupConfig())
+        return self._state.group_configs.get((namespace, group), GroupConfig())
 
     def _pop_candidates(
         self, cursor: PopCursor, queue: QueueIndex, fifo: bool, now: int
@@ -1310,7 +904,7 @@ class Engine:
         deadline = self._now() + max(0, wait_ms)
         while True:
             await self._writable()
-            targets = [(ref, *self._queue(ref)) for ref in queues]
+            targets = [(ref, *self._state.queue(ref)) for ref in queues]
             for ref, _, _ in targets:
                 self._queue_key(namespace, ref)
             popped, end = self._pop_now(namespace, group, targets, max_messages, invisible_ms, tags)
@@ -1324,10 +918,10 @@ class Engine:
             await self._wait_for_data([q for _, _, q in targets], deadline, wake_at)
 
     def _next_redelivery(
-        self, namespace: str, group: str, targets: list[tuple[QueueRef, _Topic, QueueIndex]]
+        self, namespace: str, group: str, targets: list[tuple[QueueRef, Topic, QueueIndex]]
     ) -> int | None:
         """When the earliest in-flight message of these queues becomes visible again."""
-        cursors = self._cursors.get((namespace, group), {})
+        cursors = self._state.cursors.get((namespace, group), {})
         deadlines = [
             deadline
             for ref, topic, _ in targets
@@ -1340,13 +934,13 @@ class Engine:
         self,
         namespace: str,
         group: str,
-        targets: list[tuple[QueueRef, _Topic, QueueIndex]],
+        targets: list[tuple[QueueRef, Topic, QueueIndex]],
         max_messages: int,
         invisible_ms: int,
         tags: frozenset[str] | None,
     ) -> tuple[list[StoredMessage], int | None]:
-        config = self._group_configs.get((namespace, group), GroupConfig())
-        tag_hashes = None if tags is None or "*" in tags else {_hash(t) for t in tags}
+        config = self._state.group_configs.get((namespace, group), GroupConfig())
+        tag_hashes = None if tags is None or "*" in tags else {text_hash(t) for t in tags}
         now = self._now()
         popped: list[StoredMessage] = []
         logged = False
@@ -1355,7 +949,7 @@ class Engine:
         for ref, topic, queue in targets[start:] + targets[:start]:
             if len(popped) >= max_messages:
                 break
-            cursor = self._cursor((namespace, group), topic.id, ref.queue_id)
+            cursor = self._state.cursor((namespace, group), topic.id, ref.queue_id)
             for offset in self._pop_candidates(cursor, queue, config.fifo, now):
                 entry = queue.get(offset)
                 [(message, message_id)] = self._messages_at([entry])
@@ -1375,9 +969,9 @@ class Engine:
                     self._record(rec.Ack(group, topic.id, ref.queue_id, offset))
                     logged = True
                     continue
-                self._pop_seq += 1
+                self._state.pop_seq += 1
                 first_pop = previous.first_pop_ms if previous else now
-                state = Inflight(now + invisible_ms, attempt, self._pop_seq, first_pop)
+                state = Inflight(now + invisible_ms, attempt, self._state.pop_seq, first_pop)
                 cursor.hand_out(offset, state)
                 self._record(
                     rec.Pop(
@@ -1423,17 +1017,17 @@ class Engine:
         if not config.dead_letter:
             return
         name = config.dead_letter_topic or f"{_DLQ_PREFIX}{group}"
-        topic = self._topics.get((namespace, name))
+        topic = self._state.topics.get((namespace, name))
         if topic is None:
             self._meta(
                 op="topic_create",
-                id=self._next_topic_id,
+                id=self._state.next_topic_id,
                 ns=namespace,
                 name=name,
-                config=_config_to_json(TopicConfig()),
+                config=config_to_json(TopicConfig()),
                 ms=self._now(),
             )
-            topic = self._topics[(namespace, name)]
+            topic = self._state.topics[(namespace, name)]
         properties = (
             *message.properties,
             ("DLQ_ORIGIN_TOPIC", origin.topic.encode()),
@@ -1449,12 +1043,12 @@ class Engine:
 
     def _inflight_for(
         self, namespace: str, group: str, receipt: str
-    ) -> tuple[_Topic, int, int, PopCursor, Inflight]:
+    ) -> tuple[Topic, int, int, PopCursor, Inflight]:
         tid, qid, offset, seq = decode_receipt(receipt)
-        topic = self._topics_by_id.get(tid)
+        topic = self._state.topics_by_id.get(tid)
         if topic is None or topic.namespace != namespace or qid >= len(topic.queues):
             raise InvalidReceipt("receipt handle does not name a queue of this namespace")
-        cursor = self._cursors.get((namespace, group), {}).get((tid, qid))
+        cursor = self._state.cursors.get((namespace, group), {}).get((tid, qid))
         state = cursor.inflight.get(offset) if cursor else None
         if cursor is None or state is None or state.seq != seq:
             raise InvalidReceipt(
@@ -1493,8 +1087,10 @@ class Engine:
             raise InvalidArgument("invisible_ms must not be negative")
         await self._writable()
         topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
-        self._pop_seq += 1
-        new = Inflight(self._now() + invisible_ms, state.attempt, self._pop_seq, state.first_pop_ms)
+        self._state.pop_seq += 1
+        new = Inflight(
+            self._now() + invisible_ms, state.attempt, self._state.pop_seq, state.first_pop_ms
+        )
         cursor.hand_out(offset, new)
         self._record(
             rec.Pop(
@@ -1528,7 +1124,7 @@ class Engine:
         topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
         ref = QueueRef(topic.namespace, topic.name, qid)
         [(message, message_id)] = self._messages_at([topic.queues[qid].get(offset)])
-        config = self._group_configs.get((namespace, group), GroupConfig())
+        config = self._state.group_configs.get((namespace, group), GroupConfig())
         self._dead_letter(namespace, group, config, ref, offset, message, message_id, state.attempt)
         cursor.ack(offset)
         self._record(rec.Ack(group, topic.id, qid, offset))
@@ -1537,14 +1133,14 @@ class Engine:
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
         self._check_open()
         key = self._queue_key(namespace, queue)
-        cursor = self._cursors.get((namespace, group), {}).get(key)
+        cursor = self._state.cursors.get((namespace, group), {}).get(key)
         return len(cursor.inflight) if cursor else 0
 
     async def pending_count(self, namespace: str, group: str, queue: QueueRef) -> int:
         self._check_open()
         key = self._queue_key(namespace, queue)
-        _, index = self._queue(queue)
-        cursor = self._cursors.get((namespace, group), {}).get(key)
+        _, index = self._state.queue(queue)
+        cursor = self._state.cursors.get((namespace, group), {}).get(key)
         if cursor is None:
             return index.end - index.earliest
         done = max(cursor.done_below, index.earliest)
@@ -1552,12 +1148,12 @@ class Engine:
 
     # ------------------------------------------------------------------ transactions
 
-    def _half(self, held: _Held) -> HalfMessage:
+    def _half(self, held: Held) -> HalfMessage:
         message = rec.decode_entry(held.record.entry)
         assert isinstance(message, Message)
         queues = []
         for d in held.record.dispatches:
-            topic = self._topics_by_id.get(d.topic_id)
+            topic = self._state.topics_by_id.get(d.topic_id)
             if topic is not None:
                 queues.append(QueueRef(topic.namespace, topic.name, d.queue_id))
         producer_group = held.record.aux.partition("\x00")[2] or None
@@ -1581,14 +1177,14 @@ class Engine:
         aux = f"{namespace}\x00{producer_group or ''}"
         _, position = self._append_now(request.entry, targets, flags=rec.MESSAGE_HALF, aux=aux)
         await self._log.wait_durable()
-        return self._half(self._held[position])
+        return self._half(self._state.held[position])
 
     async def end_transaction(
         self, namespace: str, transaction_id: str, *, commit: bool
     ) -> AppendResult | None:
         await self._writable()
-        position = self._held_by_id.get((namespace, transaction_id))
-        held = self._held.get(position) if position is not None else None
+        position = self._state.held_by_id.get((namespace, transaction_id))
+        held = self._state.held.get(position) if position is not None else None
         if held is None or not held.is_half:
             raise TransactionNotFound(
                 f"no undecided transaction {transaction_id!r} in namespace {namespace!r}"
@@ -1596,9 +1192,9 @@ class Engine:
         if commit:
             record = self._make_visible(held)
             await self._log.wait_durable()
-            refs = [self._ref((d.topic_id, d.queue_id)) for d in record.dispatches]
+            refs = [self._state.ref((d.topic_id, d.queue_id)) for d in record.dispatches]
             return self._result(record, refs)
-        self._drop_held(held.position)
+        self._state.drop_held(held.position)
         self._record(rec.Resolve(held.position, rec.RESOLVE_ROLLBACK))
         await self._log.wait_durable()
         return None
@@ -1610,7 +1206,7 @@ class Engine:
         cutoff = self._now() - older_than_ms
         return [
             self._half(h)
-            for h in self._held.values()
+            for h in self._state.held.values()
             if h.is_half
             and (namespace is None or h.namespace == namespace)
             and h.record.store_ms <= cutoff
@@ -1628,22 +1224,22 @@ class Engine:
                 f"{self.config.max_message_bytes} bytes"
             )
         await self._writable()
-        self._namespace(namespace)
+        self._state.namespace(namespace)
         record = rec.Latest(
             namespace, topic, bytes(key), None if message is None else rec.encode_message(message)
         )
-        self._apply_latest(record)
+        self._state.apply_latest(record)
         self._record(record)
         await self._log.wait_durable()
 
     async def get_latest(self, namespace: str, topic: str, key: bytes) -> Message | None:
         self._check_open()
-        value = self._latest.get((namespace, topic), {}).get(bytes(key))
+        value = self._state.latest.get((namespace, topic), {}).get(bytes(key))
         return None if value is None else rec.decode_message(value)
 
     async def list_latest(self, namespace: str, topic: str) -> list[tuple[bytes, Message]]:
         self._check_open()
-        values = self._latest.get((namespace, topic), {})
+        values = self._state.latest.get((namespace, topic), {})
         return [(key, rec.decode_message(value)) for key, value in sorted(values.items())]
 
     # ------------------------------------------------------------------ metadata
@@ -1658,24 +1254,24 @@ class Engine:
         except (TypeError, ValueError) as exc:
             raise InvalidArgument(f"metadata value is not JSON-compatible: {exc}") from exc
         await self._writable()
-        self._namespace(namespace)
+        self._state.namespace(namespace)
         end = self._meta(op="kv_put", ns=namespace, kind=kind, name=name, value=value)
         await self._log.wait_durable(end)
 
     async def meta_get(self, namespace: str, kind: str, name: str) -> Any | None:
         self._check_open()
-        return self._kv.get((namespace, kind), {}).get(name)
+        return self._state.kv.get((namespace, kind), {}).get(name)
 
     async def meta_delete(self, namespace: str, kind: str, name: str) -> bool:
         await self._writable()
-        if name not in self._kv.get((namespace, kind), {}):
+        if name not in self._state.kv.get((namespace, kind), {}):
             return False
         await self._log.wait_durable(self._meta(op="kv_delete", ns=namespace, kind=kind, name=name))
         return True
 
     async def meta_list(self, namespace: str, kind: str) -> dict[str, Any]:
         self._check_open()
-        return dict(self._kv.get((namespace, kind), {}))
+        return dict(self._state.kv.get((namespace, kind), {}))
 
     # ------------------------------------------------------------------ maintenance
 
@@ -1707,21 +1303,21 @@ class Engine:
         """Persist indexes and state at the current log end; returns that position."""
         self._check_open()
         async with self._maintenance_lock:
-            self._topics_snapshot()  # the slow part, built before writers are held
+            self._state.topics_snapshot()  # the slow part, built before writers are held
             self._gate.clear()
             try:
                 await self._log.wait_durable()
                 if self.config.durability is Durability.ASYNC:
                     await self._log.fsync()
                 position = self._log.end
-                state = self._snapshot_state(position)
-                topics_version = self._topics_version
+                state = self._state.snapshot_state(position)
+                topics_version = self._state.topics_version
                 topics = None
-                if self._topics_file != (topics_version, state["topics_file"]):
-                    topics = self._topics_snapshot()
-                dirty, self._dirty_queues = self._dirty_queues, set()
+                if self._state.topics_file != (topics_version, state["topics_file"]):
+                    topics = self._state.topics_snapshot()
+                dirty, self._state.dirty_queues = self._state.dirty_queues, set()
                 writes = self._index_writes(dirty)
-                dead = set(self._dead_topic_ids)
+                dead = set(self._state.dead_topic_ids)
             finally:
                 self._gate.set()
             loop = asyncio.get_running_loop()
@@ -1730,24 +1326,24 @@ class Engine:
                     None, self._write_checkpoint, writes, state, dead, topics
                 )
             except BaseException:
-                self._dirty_queues |= dirty  # the next checkpoint writes them again
+                self._state.dirty_queues |= dirty  # the next checkpoint writes them again
                 raise
             for queue, end, base in ((w[0], w[3], w[4]) for w in writes):
                 queue.persisted_end = max(queue.persisted_end, end)
                 queue.file_base = base if queue.file_base is None else queue.file_base
-            self._dead_topic_ids -= dead
-            self._topics_file = (topics_version, state["topics_file"])
+            self._state.dead_topic_ids -= dead
+            self._state.topics_file = (topics_version, state["topics_file"])
             self._checkpoint_position = position
             return position
 
     def _index_writes(
-        self, dirty: set[_QueueKey]
+        self, dirty: set[QueueKey]
     ) -> list[tuple[QueueIndex, Path, bytes, int, int, bool]]:
         """(queue, path, data, new persisted end, file base, append) for the queues
         that got entries (or need their file rewritten) since the last checkpoint."""
         writes = []
         for tid, qid in dirty:
-            topic = self._topics_by_id.get(tid)
+            topic = self._state.topics_by_id.get(tid)
             if topic is None:
                 continue  # deleted since
             queue = topic.queues[qid]
@@ -1797,7 +1393,7 @@ class Engine:
         self._check_open()
         async with self._maintenance_lock:
             now_s = self._now() / 1000
-            limit = min([self._checkpoint_position, *self._held, *self._kept_positions()])
+            limit = min([self._checkpoint_position, *self._state.held, *self._kept_positions()])
             stats = self._log.segment_stats()
             total = sum(size for _, size, _ in stats)
             delete_below = 0
@@ -1815,14 +1411,14 @@ class Engine:
             if delete_below:
                 start = self._log.delete_segments_below(delete_below)
                 self._decoded.clear()
-                for topic in self._topics.values():
+                for topic in self._state.topics.values():
                     for queue in topic.queues:
                         queue.trim_to(queue.first_offset_where("position", start))
             self._apply_topic_retention()
 
     def _kept_positions(self) -> Iterator[int]:
         """The first log position each queue of an unlimited-retention topic still needs."""
-        for topic in self._topics.values():
+        for topic in self._state.topics.values():
             if topic.keeps_everything():
                 for queue in topic.queues:
                     if queue.earliest < queue.end:
@@ -1830,7 +1426,7 @@ class Engine:
 
     def _apply_topic_retention(self) -> None:
         now = self._now()
-        for topic in self._topics.values():
+        for topic in self._state.topics.values():
             retention_ms, retention_bytes = topic.config.retention_ms, topic.config.retention_bytes
             for queue in topic.queues:
                 if retention_ms is not None and retention_ms != UNLIMITED:
