@@ -96,6 +96,7 @@ __all__ = ["Engine"]
 log = logging.getLogger(__name__)
 
 _FIFO_SCAN_LIMIT = 4096  # offsets a FIFO pop looks ahead past blocked message groups
+_YIELD_EVERY = 256  # read_batches entries decoded between two yields to the event loop
 _DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
 _MAX_QUEUES = 65_536
 _DLQ_PREFIX = "%DLQ%"
@@ -741,6 +742,13 @@ class Engine:
         total = 0
         current = offset
         while current < index.end:
+            if batches and len(batches) % _YIELD_EVERY == 0:
+                # Thousands of small messages fit in max_bytes: let other tasks run.
+                await asyncio.sleep(0)
+                self._check_open()
+                _, now_index = self._state.queue(queue)  # raises if the topic is gone
+                if now_index is not index or current < index.earliest:
+                    break  # recreated, or retention moved the start meanwhile
             entry = index.get(current)
             base = max(current - entry.batch_index, index.base)
             message_id, decoded = self._load(entry.position, entry.size, messages=False)
