@@ -704,3 +704,15 @@ async def test_dedup_keys_come_back_from_the_log_after_a_crash(
         [retry] = await storage.append([request])
         assert retry.duplicate and retry.placements == first.placements
         assert await storage.queue_offsets(q()) == QueueOffsets(0, 1)
+
+
+async def test_read_batches_of_many_small_messages_returns_them_all_in_order(
+    storage: Engine,
+) -> None:
+    await storage.create_topic(NS, "t")
+    await storage.append(
+        [AppendRequest(entry=Message(body=b"%d" % i), queues=(q(),)) for i in range(700)]
+    )
+    batches = await storage.read_batches(q(), 0)
+    assert [b.base_offset for b in batches] == list(range(700))
+    assert [b.messages[0].message.body for b in batches] == [b"%d" % i for i in range(700)]
