@@ -48,6 +48,7 @@ from storage.engine.snapshot import (
     read_snapshot,
     remove_stale,
     write_json_lines,
+    write_lines,
     write_snapshot,
 )
 from storage.engine.state import (
@@ -156,7 +157,11 @@ class Engine:
         position = 0
         if snapshot is not None:
             position = int(snapshot["position"])
-            self._state.load_snapshot(snapshot, iter_json_lines(self._dir, snapshot["topics_file"]))
+            self._state.load_snapshot(
+                snapshot,
+                iter_json_lines(self._dir, snapshot["topics_file"]),
+                iter_json_lines(self._dir, snapshot["cursors_file"]),
+            )
         self._load_index_files()
         self._log.open()
         for held_position, held_size in (snapshot or {}).get("held", []):
@@ -1311,7 +1316,10 @@ class Engine:
         """Persist indexes and state at the current log end; returns that position."""
         self._check_open()
         async with self._maintenance_lock:
-            self._state.topics_snapshot()  # the slow part, built before writers are held
+            # The slow parts, built before writers are held; under the gate only what
+            # changed in between is rebuilt.
+            self._state.topics_snapshot()
+            self._state.cursor_snapshot_lines()
             self._gate.clear()
             try:
                 await self._log.wait_durable()
@@ -1323,6 +1331,7 @@ class Engine:
                 topics = None
                 if self._state.topics_file != (topics_version, state["topics_file"]):
                     topics = self._state.topics_snapshot()
+                cursor_lines = self._state.cursor_snapshot_lines()
                 dirty, self._state.dirty_queues = self._state.dirty_queues, set()
                 writes = self._index_writes(dirty)
                 dead = set(self._state.dead_topic_ids)
@@ -1331,7 +1340,7 @@ class Engine:
             loop = asyncio.get_running_loop()
             try:
                 await loop.run_in_executor(
-                    None, self._write_checkpoint, writes, state, dead, topics
+                    None, self._write_checkpoint, writes, state, dead, topics, cursor_lines
                 )
             except BaseException:
                 self._state.dirty_queues |= dirty  # the next checkpoint writes them again
@@ -1380,6 +1389,7 @@ class Engine:
         state: dict[str, Any],
         dead_topic_ids: set[int],
         topics: list[Any] | None,
+        cursor_lines: list[str],
     ) -> None:
         """Runs in a worker thread: everything the snapshot relies on first."""
         for _, path, data, _, base, append in writes:
@@ -1388,8 +1398,10 @@ class Engine:
             fsync_directory(self._index_dir)
         if topics is not None:
             write_json_lines(self._dir, state["topics_file"], topics)
+        write_lines(self._dir, state["cursors_file"], cursor_lines)
         write_snapshot(self._dir, state)
         remove_stale(self._dir, "topics-*.jsonl", keep=state["topics_file"])
+        remove_stale(self._dir, "cursors-*.jsonl", keep=state["cursors_file"])
         for tid in dead_topic_ids:
             for path in self._index_dir.glob(f"{tid}-*.idx"):
                 path.unlink(missing_ok=True)

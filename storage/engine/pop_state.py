@@ -23,7 +23,7 @@ class Inflight:
 
 
 class PopCursor:
-    __slots__ = ("_timeouts", "acked", "done_below", "inflight", "next_new")
+    __slots__ = ("_timeouts", "acked", "done_below", "inflight", "next_new", "version")
 
     def __init__(self, start: int) -> None:
         self.done_below = start
@@ -31,14 +31,17 @@ class PopCursor:
         self.inflight: dict[int, Inflight] = {}
         self.acked: set[int] = set()
         self._timeouts: list[tuple[int, int, int]] = []  # (deadline, offset, seq), lazy
+        self.version = 0  # bumped by every change: checkpoints re-serialize changed cursors
 
     def hand_out(self, offset: int, state: Inflight) -> None:
+        self.version += 1
         self.inflight[offset] = state
         if offset >= self.next_new:
             self.next_new = offset + 1
         heapq.heappush(self._timeouts, (state.deadline_ms, offset, state.seq))
 
     def ack(self, offset: int) -> None:
+        self.version += 1
         self.inflight.pop(offset, None)
         if offset < self.done_below or offset in self.acked:
             return
@@ -53,6 +56,7 @@ class PopCursor:
         """Move past offsets that retention deleted."""
         if offset <= self.done_below:
             return
+        self.version += 1
         self.done_below = offset
         self.next_new = max(self.next_new, offset)
         self.acked = {o for o in self.acked if o >= offset}

@@ -23,6 +23,7 @@ __all__ = [
     "remove_stale",
     "write_json",
     "write_json_lines",
+    "write_lines",
     "write_snapshot",
 ]
 
@@ -43,11 +44,16 @@ def write_json(directory: Path, name: str, value: Any) -> None:
 def write_json_lines(directory: Path, name: str, values: Iterable[Any]) -> None:
     """One JSON value per line: read back one at a time, a large list never has to be
     in memory twice (a parsed list of 100,000 topics costs more than the topics)."""
+    write_lines(directory, name, (json.dumps(v, separators=(",", ":")) for v in values))
+
+
+def write_lines(directory: Path, name: str, lines: Iterable[str]) -> None:
+    """Lines already serialized as JSON (``iter_json_lines`` reads them back)."""
     path = directory / name
     tmp = directory / (name + ".tmp")
     with open(tmp, "w", encoding="utf-8") as handle:
-        for value in values:
-            handle.write(json.dumps(value, separators=(",", ":")))
+        for line in lines:
+            handle.write(line)
             handle.write("\n")
         handle.flush()
         os.fsync(handle.fileno())

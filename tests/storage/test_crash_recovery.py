@@ -686,11 +686,14 @@ async def test_torn_index_file_append(tmp_path: Path) -> None:
     config = EngineConfig(data_dir=data_dir)
     model = AppendModel()
     await fill(config, model, steps=10, seq_start=1)  # closed: checkpoint 1
-    old_checkpoint = (data_dir / "checkpoint.json").read_bytes()
+    # The checkpoint and the files it names (topics, cursors) as checkpoint 1 left them.
+    old_checkpoint = {p.name: p.read_bytes() for p in data_dir.glob("*.json*")}
     index_sizes = {p: p.stat().st_size for p in (data_dir / "index").glob("*.idx")}
     await fill(config, model, steps=10, seq_start=ROUND_SEQS)  # checkpoint 2 appends
-    # Undo checkpoint 2 as a crash in the middle of its index writes would.
-    (data_dir / "checkpoint.json").write_bytes(old_checkpoint)
+    # Undo checkpoint 2 as a crash in the middle of its index writes would: before it
+    # replaces checkpoint.json, and so before it removes checkpoint 1's files.
+    for name, content in old_checkpoint.items():
+        (data_dir / name).write_bytes(content)
     for path, size in index_sizes.items():
         if path.stat().st_size > size:
             with open(path, "r+b") as handle:
