@@ -196,9 +196,6 @@ class CommitLog:
     def durable_end(self) -> int:
         return self._durable_end
 
-    def segment_bases(self) -> list[int]:
-        return list(self._bases)
-
     # -- appending ----------------------------------------------------------------
 
     def start_flushing(self) -> None:

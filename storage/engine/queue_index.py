@@ -62,9 +62,6 @@ class QueueIndex:
     def end(self) -> int:
         return self.base + len(self.entries) // ENTRY_SIZE
 
-    def append(self, entry: IndexEntry) -> None:
-        self.entries += _ENTRY.pack(*entry)
-
     def append_record(
         self, position: int, size: int, count: int, store_ms: int, group_hash: int, tag_hash: int
     ) -> None:
