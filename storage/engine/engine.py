@@ -410,8 +410,13 @@ class Engine:
         if len(request.queues) > 1 and len(set(request.queues)) != len(request.queues):
             raise InvalidArgument("the same queue appears twice in one append")
         targets = []
+        topic: Topic | None = None
         for ref in request.queues:
-            topic, _ = self._state.queue(ref)
+            if topic is not None and ref.topic == topic.name and ref.namespace == topic.namespace:
+                if not 0 <= ref.queue_id < len(topic.queues):  # a fan-out within one topic
+                    self._state.queue(ref)  # raises QueueNotFound
+            else:
+                topic, _ = self._state.queue(ref)
             targets.append((topic, ref.queue_id))
         entry = request.entry
         size = len(entry.body) if isinstance(entry, Message) else len(entry.raw)

@@ -396,27 +396,24 @@ class EngineState:
         """Make a durable message record visible in its queues."""
         if record.flags & (rec.MESSAGE_SCHEDULED | rec.MESSAGE_HALF):
             return
-        for dispatch in record.dispatches:
-            topic = self.topics_by_id.get(dispatch.topic_id)
-            if topic is None or dispatch.queue_id >= len(topic.queues):
+        topics_by_id, dirty = self.topics_by_id, self.dirty_queues
+        for topic_id, queue_id, offset in record.dispatches:
+            topic = topics_by_id.get(topic_id)
+            if topic is None or queue_id >= len(topic.queues):
                 continue  # deleted since
-            queue = topic.queues[dispatch.queue_id]
-            if dispatch.offset < queue.end:
-                continue  # already indexed (replay over a newer index file)
-            if dispatch.offset > queue.end:
-                log.error(
-                    "index gap in %s[%d]: expected offset %d, record has %d",
-                    topic.name,
-                    dispatch.queue_id,
-                    queue.end,
-                    dispatch.offset,
-                )
-                continue
+            queue = topic.queues[queue_id]
+            end = queue.end
+            if offset != end:
+                if offset > end:
+                    log.error("index gap in %s[%d]: expected offset %d, record has %d",
+                              topic.name, queue_id, end, offset)  # fmt: skip
+                continue  # below: already indexed (replay over a newer index file)
             queue.append_record(
                 position, size, record.count, record.store_ms, record.group_hash, record.tag_hash
             )
-            self.dirty_queues.add((topic.id, dispatch.queue_id))
-            queue.next_offset = max(queue.next_offset, queue.end)
+            dirty.add((topic_id, queue_id))
+            if queue.next_offset < end + record.count:
+                queue.next_offset = end + record.count
             if queue.waiters:
                 queue.wake()
 
