@@ -464,9 +464,14 @@ def decode_record(payload: bytes | memoryview) -> Record:
         pos += id_len
         aux = bytes(payload[pos : pos + aux_len]).decode()
         pos += aux_len
-        dispatches = tuple(map(Dispatch._make, _DISPATCH.iter_unpack(
-            memoryview(payload)[pos : pos + n_dispatches * _DISPATCH.size]
-        )))  # fmt: skip
+        dispatches = tuple(
+            map(
+                Dispatch._make,
+                _DISPATCH.iter_unpack(
+                    memoryview(payload)[pos : pos + n_dispatches * _DISPATCH.size]
+                ),
+            )
+        )
         pos += n_dispatches * _DISPATCH.size
         if pos > len(payload):
             raise ValueError("message record is shorter than its header says")

@@ -165,8 +165,9 @@ class EngineState:
         self.namespaces = {ns: int(ms) for ns, ms in s["namespaces"].items()}
         topics_file = s["topics_file"]
         for tid, ns, name, config, created, modified, count in topics:
-            topic = Topic(int(tid), sys.intern(ns), name, topic_config(config), created,
-                           modified, [])  # fmt: skip
+            topic = Topic(
+                int(tid), sys.intern(ns), name, topic_config(config), created, modified, []
+            )
             self.add_topic(topic, count)
         self.topics_file = (self.topics_version, topics_file)
         for tid, qid, offset in s["trims"]:
@@ -258,10 +259,17 @@ class EngineState:
         version, cached = self.topics_json
         if version != self.topics_version:
             cached = [
-                [t.id, t.namespace, t.name, config_to_json(t.config), t.created_ms,
-                 t.modified_ms, len(t.queues)]
+                [
+                    t.id,
+                    t.namespace,
+                    t.name,
+                    config_to_json(t.config),
+                    t.created_ms,
+                    t.modified_ms,
+                    len(t.queues),
+                ]
                 for t in self.topics.values()
-            ]  # fmt: skip
+            ]
             self.topics_json = (self.topics_version, cached)
         return cached
 
@@ -371,9 +379,12 @@ class EngineState:
         if topic is None or expires <= self.now():
             return
         key = (topic.namespace, record.aux)
-        self.dedup[key] = Seen(expires, record.message_id, record.store_ms,
-                                 tuple((d.topic_id, d.queue_id, d.offset)
-                                       for d in record.dispatches))  # fmt: skip
+        self.dedup[key] = Seen(
+            expires,
+            record.message_id,
+            record.store_ms,
+            tuple((d.topic_id, d.queue_id, d.offset) for d in record.dispatches),
+        )
         self.dedup.move_to_end(key)
 
     def seen(self, namespace: str, dedup_key: str) -> Seen | None:
@@ -405,8 +416,13 @@ class EngineState:
             end = queue.end
             if offset != end:
                 if offset > end:
-                    log.error("index gap in %s[%d]: expected offset %d, record has %d",
-                              topic.name, queue_id, end, offset)  # fmt: skip
+                    log.error(
+                        "index gap in %s[%d]: expected offset %d, record has %d",
+                        topic.name,
+                        queue_id,
+                        end,
+                        offset,
+                    )
                 continue  # below: already indexed (replay over a newer index file)
             queue.append_record(
                 position, size, record.count, record.store_ms, record.group_hash, record.tag_hash
