@@ -275,6 +275,40 @@ class Engine:
         self._record(rec.Meta(op))
         return self._log.end
 
+    def _create_topic_now(self, namespace: str, name: str, config: TopicConfig) -> Topic:
+        self._meta(
+            op="topic_create",
+            id=self._state.next_topic_id,
+            ns=namespace,
+            name=name,
+            config=config_to_json(config),
+            ms=self._now(),
+        )
+        return self._state.topics[(namespace, name)]
+
+    def _ack_now(self, group: str, topic_id: int, queue_id: int, offset: int) -> None:
+        """Log and apply an ack, through the same function a replay uses."""
+        record = rec.Ack(group, topic_id, queue_id, offset)
+        self._state.apply_ack(record)
+        self._record(record)
+
+    def _hand_out_now(
+        self, group: str, topic_id: int, queue_id: int, offset: int, state: Inflight
+    ) -> None:
+        """Log and apply a hand-out (a pop or a new invisibility), as a replay would."""
+        record = rec.Pop(
+            group,
+            topic_id,
+            queue_id,
+            offset,
+            state.deadline_ms,
+            state.attempt,
+            state.seq,
+            state.first_pop_ms,
+        )
+        self._state.apply_pop(record)
+        self._record(record)
+
     # ------------------------------------------------------------------ lookups
 
     def _now(self) -> int:
@@ -324,16 +358,9 @@ class Engine:
         self._state.namespace(namespace)
         if (namespace, topic) in self._state.topics:
             raise TopicAlreadyExists(f"topic {topic!r} already exists in namespace {namespace!r}")
-        end = self._meta(
-            op="topic_create",
-            id=self._state.next_topic_id,
-            ns=namespace,
-            name=topic,
-            config=config_to_json(config),
-            ms=self._now(),
-        )
-        await self._log.wait_durable(end)
-        return self._state.topic_info(self._state.topic(namespace, topic))
+        created = self._create_topic_now(namespace, topic, config)
+        await self._log.wait_durable()
+        return self._state.topic_info(created)
 
     async def alter_topic(self, namespace: str, topic: str, config: TopicConfig) -> TopicInfo:
         self._check_topic_config(config)
@@ -982,28 +1009,13 @@ class Engine:
                         namespace, group, config, ref, offset, message, message_id, attempt - 1
                     )
                     consumed = True
-                if consumed:
-                    cursor.ack(offset)
-                    self._record(rec.Ack(group, topic.id, ref.queue_id, offset))
-                    logged = True
-                    continue
-                self._state.pop_seq += 1
-                first_pop = previous.first_pop_ms if previous else now
-                state = Inflight(now + invisible_ms, attempt, self._state.pop_seq, first_pop)
-                cursor.hand_out(offset, state)
-                self._record(
-                    rec.Pop(
-                        group,
-                        topic.id,
-                        ref.queue_id,
-                        offset,
-                        state.deadline_ms,
-                        attempt,
-                        state.seq,
-                        first_pop,
-                    )
-                )
                 logged = True
+                if consumed:
+                    self._ack_now(group, topic.id, ref.queue_id, offset)
+                    continue
+                first_pop = previous.first_pop_ms if previous else now
+                state = Inflight(now + invisible_ms, attempt, self._state.pop_seq + 1, first_pop)
+                self._hand_out_now(group, topic.id, ref.queue_id, offset, state)
                 popped.append(
                     StoredMessage(
                         message=message,
@@ -1037,15 +1049,7 @@ class Engine:
         name = config.dead_letter_topic or f"{_DLQ_PREFIX}{group}"
         topic = self._state.topics.get((namespace, name))
         if topic is None:
-            self._meta(
-                op="topic_create",
-                id=self._state.next_topic_id,
-                ns=namespace,
-                name=name,
-                config=config_to_json(TopicConfig()),
-                ms=self._now(),
-            )
-            topic = self._state.topics[(namespace, name)]
+            topic = self._create_topic_now(namespace, name, TopicConfig())
         properties = (
             *message.properties,
             ("DLQ_ORIGIN_TOPIC", origin.topic.encode()),
@@ -1076,9 +1080,8 @@ class Engine:
 
     async def ack(self, namespace: str, group: str, receipt: str) -> None:
         await self._writable()
-        topic, qid, offset, cursor, _ = self._inflight_for(namespace, group, receipt)
-        cursor.ack(offset)
-        self._record(rec.Ack(group, topic.id, qid, offset))
+        topic, qid, offset, _, _ = self._inflight_for(namespace, group, receipt)
+        self._ack_now(group, topic.id, qid, offset)
         await self._log.wait_durable()
 
     async def ack_many(
@@ -1088,12 +1091,11 @@ class Engine:
         outcomes: list[str | None] = []
         for receipt in receipts:
             try:
-                topic, qid, offset, cursor, _ = self._inflight_for(namespace, group, receipt)
+                topic, qid, offset, _, _ = self._inflight_for(namespace, group, receipt)
             except InvalidReceipt as exc:
                 outcomes.append(exc.code)
                 continue
-            cursor.ack(offset)
-            self._record(rec.Ack(group, topic.id, qid, offset))
+            self._ack_now(group, topic.id, qid, offset)
             outcomes.append(None)
         await self._log.wait_durable()
         return outcomes
@@ -1104,24 +1106,11 @@ class Engine:
         if invisible_ms < 0:
             raise InvalidArgument("invisible_ms must not be negative")
         await self._writable()
-        topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
-        self._state.pop_seq += 1
+        topic, qid, offset, _, state = self._inflight_for(namespace, group, receipt)
         new = Inflight(
-            self._now() + invisible_ms, state.attempt, self._state.pop_seq, state.first_pop_ms
+            self._now() + invisible_ms, state.attempt, self._state.pop_seq + 1, state.first_pop_ms
         )
-        cursor.hand_out(offset, new)
-        self._record(
-            rec.Pop(
-                group,
-                topic.id,
-                qid,
-                offset,
-                new.deadline_ms,
-                new.attempt,
-                new.seq,
-                new.first_pop_ms,
-            )
-        )
+        self._hand_out_now(group, topic.id, qid, offset, new)
         await self._log.wait_durable()
         ref = QueueRef(topic.namespace, topic.name, qid)
         return self._stored(
@@ -1139,13 +1128,12 @@ class Engine:
 
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         await self._writable()
-        topic, qid, offset, cursor, state = self._inflight_for(namespace, group, receipt)
+        topic, qid, offset, _, state = self._inflight_for(namespace, group, receipt)
         ref = QueueRef(topic.namespace, topic.name, qid)
         [(message, message_id)] = self._messages_at([topic.queues[qid].get(offset)])
         config = self._state.group_configs.get((namespace, group), GroupConfig())
         self._dead_letter(namespace, group, config, ref, offset, message, message_id, state.attempt)
-        cursor.ack(offset)
-        self._record(rec.Ack(group, topic.id, qid, offset))
+        self._ack_now(group, topic.id, qid, offset)
         await self._log.wait_durable()
 
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
