@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+NODE_DIR := tests/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: run test lint typecheck unit bench clean
 
@@ -11,6 +13,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	@touch $(STAMP)
+
+# The node clients (kafkajs, amqplib, mqtt.js, rocketmq-client-nodejs) the tests drive.
+$(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
+	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $(NODE_STAMP)
 
 run: $(STAMP)
 	$(BIN)/polymq run $(ARGS)
@@ -24,7 +31,7 @@ typecheck: $(STAMP)
 
 # pytest exits 5 when it collected no tests: for this project that is a broken suite,
 # so it fails loudly instead of passing as "nothing to do".
-unit: $(STAMP)
+unit: $(STAMP) $(NODE_STAMP)
 	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make: pytest collected no tests: failing" >&2; fi; \
 	exit $$status

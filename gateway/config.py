@@ -27,15 +27,20 @@ __all__ = [
     "ENV_PREFIX",
     "LISTENER_NAMES",
     "AccountConfig",
+    "AmqpConfig",
     "AuthConfig",
     "AuthMode",
     "ConfigError",
     "DurabilityMode",
     "GatewayConfig",
+    "HttpConfig",
+    "KafkaConfig",
     "LimitsConfig",
     "ListenerConfig",
     "ListenersConfig",
     "LogLevel",
+    "MqttConfig",
+    "RocketMQConfig",
     "ServerConfig",
     "StorageConfig",
     "engine_config",
@@ -129,6 +134,47 @@ class LimitsConfig:
     max_frame_bytes: int = 32 << 20
 
 
+# -- per-protocol settings: only what an operator of the anchor broker would tune ----
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class KafkaConfig:
+    # Kafka's auto.create.topics.enable / num.partitions.
+    auto_create_topics: bool = True
+    default_partitions: int = 1
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class AmqpConfig:
+    # What Connection.Tune proposes (RabbitMQ's defaults).
+    heartbeat_s: int = 60
+    frame_max: int = 131072
+    channel_max: int = 2047
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MqttConfig:
+    max_packet_bytes: int = 1 << 20
+    receive_maximum: int = 32
+    topic_alias_maximum: int = 65535
+    # Sessions with no expiry given by a v5 client (and v3 persistent sessions) last
+    # this long after disconnect; EMQX's session_expiry_interval default is 2 h.
+    default_session_expiry_s: int = 7200
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RocketMQConfig:
+    # RocketMQ's autoCreateTopicEnable / autoCreateSubscriptionGroup.
+    auto_create: bool = True
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpConfig:
+    # MNS's 64 KiB message limit and the signature's allowed clock skew.
+    max_message_bytes: int = 64 << 10
+    max_date_skew_s: int = 900
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -136,6 +182,11 @@ class GatewayConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    kafka: KafkaConfig = field(default_factory=KafkaConfig)
+    amqp: AmqpConfig = field(default_factory=AmqpConfig)
+    mqtt: MqttConfig = field(default_factory=MqttConfig)
+    rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
 
 
 # -- loading -------------------------------------------------------------------------
