@@ -1,0 +1,58 @@
+"""The names under which a message's fields travel through protocols with no slot
+for them: the one table every adapter reads, so a message produced through one
+protocol arrives in every other with the same names.
+
+The rule: an adapter maps its protocol's own constructs onto :class:`Message` fields
+first (Kafka record key -> ``key``, RocketMQ tag -> ``tag``, AMQP ``content-type`` ->
+``content_type``, MQTT v5 correlation data -> ``correlation_id``...). When it serves
+a message whose field has no native slot in its protocol, it exposes the field as a
+header / user property under the name below, and when such a header arrives from its
+own clients it maps it back onto the field (so the name round-trips). Everything else
+in ``Message.properties`` is the user's own headers / user properties, in order.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AMQP_EXCHANGE",
+    "AMQP_ROUTING_KEY",
+    "CONTENT_TYPE",
+    "CORRELATION_ID",
+    "KEY",
+    "MESSAGE_GROUP",
+    "MQTT_TOPIC",
+    "REPLY_TO",
+    "RESERVED",
+    "TAG",
+]
+
+# Message fields, for protocols without a slot for them.
+KEY = "polymq.key"  # AMQP headers, MQTT user properties, MNS user properties
+TAG = "polymq.tag"  # Kafka headers, AMQP headers, MQTT user properties
+MESSAGE_GROUP = "polymq.message-group"  # Kafka headers, AMQP headers, MQTT
+CONTENT_TYPE = "content-type"  # Kafka headers, RocketMQ and MNS user properties
+CORRELATION_ID = "correlation-id"  # Kafka headers, RocketMQ and MNS user properties
+REPLY_TO = "reply-to"  # Kafka headers, RocketMQ and MNS user properties
+
+# Where a message came from, kept so the same protocol can serve it back whole.
+# The full MQTT topic name; the storage topic is its first level (``sensors/a/b`` is
+# stored in topic ``sensors``). A message without it is served to MQTT under its
+# storage topic name, so a Kafka record produced to ``sensors`` reaches subscribers of
+# ``sensors`` and ``sensors/#``.
+MQTT_TOPIC = "mqtt.topic"
+AMQP_EXCHANGE = "amqp.exchange"
+AMQP_ROUTING_KEY = "amqp.routing-key"
+
+RESERVED = frozenset(
+    {
+        KEY,
+        TAG,
+        MESSAGE_GROUP,
+        CONTENT_TYPE,
+        CORRELATION_ID,
+        REPLY_TO,
+        MQTT_TOPIC,
+        AMQP_EXCHANGE,
+        AMQP_ROUTING_KEY,
+    }
+)
