@@ -80,8 +80,10 @@ def protocol_listeners() -> Mapping[str, ListenerFactory]:
     that protocols, which import the gateway's processor, never form an import cycle
     with the gateway package.
     """
+    from protocols.http.listener import http_listener
+
     factories: dict[str, ListenerFactory] = {}
-    # e.g.: from protocols.kafka.server import kafka_listener; factories["kafka"] = ...
+    factories["http"] = http_listener
     return factories
 
 

@@ -1,0 +1,201 @@
+"""The JSON admin API under ``/admin/``: namespaces, topics with their queues and
+offsets, consumer groups with lag, connections, accounts (never their secrets), usage.
+
+In ``accounts`` auth mode it takes HTTP Basic credentials of a configured account and
+shows only the namespaces that account may use; in open mode anyone sees everything.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from dataclasses import asdict
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+
+from gateway.accounts import ANONYMOUS, AuthError, Principal
+from gateway.listeners import ListenerContext
+from gateway.processor import Caller
+from protocols.mns.queues import QUEUE_KIND, group_of
+from storage.errors import QueueNotFound, TopicNotFound
+from storage.model import QueueRef
+
+__all__ = ["admin_router"]
+
+_PROTOCOL = "http"
+
+
+def _principal(context: ListenerContext, request: Request) -> Principal:
+    if context.accounts.open:
+        return ANONYMOUS
+    header = request.headers.get("authorization", "")
+    scheme, _, encoded = header.partition(" ")
+    challenge = {"WWW-Authenticate": 'Basic realm="polymq admin"'}
+    if scheme.lower() != "basic":
+        raise HTTPException(401, "HTTP Basic credentials are required", headers=challenge)
+    try:
+        user, _, password = base64.b64decode(encoded, validate=True).decode().partition(":")
+    except (binascii.Error, UnicodeDecodeError):
+        raise HTTPException(401, "malformed Basic credentials", headers=challenge) from None
+    try:
+        return context.accounts.authenticate(user, password)
+    except AuthError:
+        raise HTTPException(401, "bad user name or password", headers=challenge) from None
+
+
+def admin_router(context: ListenerContext) -> APIRouter:
+    router = APIRouter(prefix="/admin", tags=["admin"])
+    processor = context.processor
+
+    async def callers(request: Request, namespace: str | None) -> list[Caller]:
+        principal = _principal(context, request)
+        base = Caller(
+            principal=principal, namespace=principal.default_namespace, protocol=_PROTOCOL
+        )
+        names = await processor.list_namespaces(base)
+        if namespace is not None:
+            if namespace not in names:
+                raise HTTPException(404, f"no namespace {namespace!r} is visible to you")
+            names = [namespace]
+        return [Caller(principal=principal, namespace=name, protocol=_PROTOCOL) for name in names]
+
+    @router.get("/namespaces", summary="Namespaces and how many topics each holds")
+    async def namespaces(request: Request) -> dict[str, Any]:
+        result = []
+        for caller in await callers(request, None):
+            topics = await processor.list_topics(caller)
+            result.append({"name": caller.namespace, "topics": len(topics)})
+        return {"namespaces": result}
+
+    @router.get("/topics", summary="Topics with their queues' offsets")
+    async def topics(request: Request, namespace: str | None = None) -> dict[str, Any]:
+        result = []
+        for caller in await callers(request, namespace):
+            for info in await processor.list_topics(caller):
+                result.append(
+                    {
+                        "namespace": caller.namespace,
+                        "name": info.name,
+                        "config": {
+                            "queue_count": info.config.queue_count,
+                            "message_type": str(info.config.message_type),
+                            "retention_ms": info.config.retention_ms,
+                        },
+                        "queues": [
+                            {"queue_id": i, "earliest": q.earliest, "latest": q.latest}
+                            for i, q in enumerate(info.queues)
+                        ],
+                        "created_ms": info.created_ms,
+                    }
+                )
+        return {"topics": result}
+
+    @router.get("/groups", summary="Consumer groups with their lag")
+    async def groups(request: Request, namespace: str | None = None) -> dict[str, Any]:
+        """Offset groups: lag is latest minus committed per queue. MNS queue groups (pop
+        mode): lag is the messages not yet deleted (``pending``), ``inflight`` those
+        received and not yet deleted."""
+        result = []
+        for caller in await callers(request, namespace):
+            mns_groups = {group_of(q): q for q in await processor.meta_list(caller, QUEUE_KIND)}
+            for group in await processor.list_groups(caller):
+                queues: list[dict[str, Any]] = []
+                for ref, committed in (await processor.list_group_offsets(caller, group)).items():
+                    try:
+                        latest = (await processor.queue_offsets(caller, ref)).latest
+                    except (TopicNotFound, QueueNotFound):
+                        continue  # committed offsets of a deleted topic
+                    queues.append(
+                        {
+                            "topic": ref.topic,
+                            "queue_id": ref.queue_id,
+                            "committed": committed.offset,
+                            "latest": latest,
+                            "lag": max(0, latest - committed.offset),
+                        }
+                    )
+                if group in mns_groups:
+                    ref = QueueRef(caller.namespace, mns_groups[group])
+                    try:
+                        pending = await processor.pending_count(caller, group, ref)
+                        inflight = await processor.inflight_count(caller, group, ref)
+                    except (TopicNotFound, QueueNotFound):
+                        pending = inflight = 0
+                    queues.append(
+                        {
+                            "topic": ref.topic,
+                            "queue_id": 0,
+                            "lag": pending,
+                            "inflight": inflight,
+                        }
+                    )
+                config = await processor.get_group_config(caller, group)
+                result.append(
+                    {
+                        "namespace": caller.namespace,
+                        "name": group,
+                        "config": asdict(config),
+                        "queues": queues,
+                        "lag": sum(q["lag"] for q in queues),
+                    }
+                )
+        return {"groups": result}
+
+    @router.get("/connections", summary="Open connections, per protocol")
+    async def connections(request: Request) -> dict[str, Any]:
+        principal = _principal(context, request)
+        listed = [
+            c
+            for c in context.connections.list()
+            if principal.admin or (c.namespace is not None and principal.may_use(c.namespace))
+        ]
+        per_protocol: dict[str, int] = {}
+        for c in listed:
+            per_protocol[c.protocol] = per_protocol.get(c.protocol, 0) + 1
+        return {
+            "per_protocol": per_protocol,
+            "connections": [
+                {
+                    "id": c.id,
+                    "protocol": c.protocol,
+                    "peer": c.peer,
+                    "opened_ms": c.opened_ms,
+                    "user": c.principal.name if c.principal else None,
+                    "namespace": c.namespace,
+                    "client_id": c.client_id,
+                }
+                for c in listed
+            ],
+        }
+
+    @router.get("/accounts", summary="Configured accounts, without passwords or secrets")
+    async def accounts(request: Request) -> dict[str, Any]:
+        principal = _principal(context, request)
+        return {
+            "mode": context.config.auth.mode,
+            "accounts": [
+                {
+                    "user": a.user,
+                    "namespaces": list(a.namespaces),
+                    "default_namespace": a.default_namespace
+                    or (a.namespaces[0] if a.namespaces else None),
+                    "admin": a.admin,
+                    "access_key": a.access_key,
+                    "has_password": a.password is not None,
+                }
+                for a in context.config.auth.accounts
+                if principal.admin or a.user == principal.name
+            ],
+        }
+
+    @router.get("/usage", summary="Metering: messages and bytes per namespace and protocol")
+    async def usage(request: Request) -> dict[str, Any]:
+        principal = _principal(context, request)
+        return {
+            "usage": [
+                asdict(u) for u in context.metering.snapshot() if principal.may_use(u.namespace)
+            ]
+        }
+
+    return router

@@ -1,0 +1,183 @@
+"""The HTTP listener: uvicorn serving the app inside the gateway's own event loop.
+
+uvicorn owns the connections here, so this is a small Listener of its own rather than
+a ``TcpListener``: it binds the socket itself (so port 0 works and the bound address
+is known at once), runs ``uvicorn.Server.serve(sockets=[sock])`` as a task, and stops
+it by setting ``should_exit``. Each HTTP connection is entered in the gateway's
+connection registry (and refused at its limit) by a thin subclass of uvicorn's h11
+protocol.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+
+import uvicorn
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from gateway.connections import ConnectionRegistry, TooManyConnections
+from gateway.listeners import Listener, ListenerContext
+from protocols.http.app import HttpApp, build_app
+from protocols.mns.request import CONNECTION_ID
+
+__all__ = ["HttpListener", "http_listener"]
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 10.0
+_GRACEFUL_STOP_S = 2
+_KEEP_ALIVE_S = 75  # MNS clients keep connections open between calls
+
+
+class _EmbeddedServer(uvicorn.Server):
+    """A uvicorn server that leaves signals to the gateway: the gateway's own stop
+    handling shuts us down through ``should_exit``."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _registered_protocol(connections: ConnectionRegistry) -> type[H11Protocol]:
+    class RegisteredH11Protocol(H11Protocol):
+        _connection_id: int | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = self.client
+            peer = f"{client[0]}:{client[1]}" if client else "unknown"
+
+            async def close() -> None:
+                transport.close()
+
+            try:
+                connection_id = connections.register(protocol="http", peer=peer, close=close).id
+            except TooManyConnections as e:
+                log.warning("http: refused %s: %s", peer, e)
+                transport.close()
+                return
+            self._connection_id = connection_id
+            inner = self.app
+
+            async def app(
+                scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+            ) -> None:
+                # Handlers find their connection's registry entry here (CONNECTION_ID).
+                scope[CONNECTION_ID] = connection_id  # type: ignore[literal-required]
+                await inner(scope, receive, send)
+
+            self.app = app
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self._connection_id is not None:
+                connections.unregister(self._connection_id)
+                self._connection_id = None
+            super().connection_lost(exc)
+
+    return RegisteredH11Protocol
+
+
+class HttpListener:
+    def __init__(self, context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> None:
+        self._context = context
+        self._notify_retry_unit_ms = notify_retry_unit_ms
+        self._address: tuple[str, int] | None = None
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._http: HttpApp | None = None
+
+    @property
+    def name(self) -> str:
+        return self._context.name
+
+    @property
+    def port(self) -> int:
+        return self._context.port
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self._address
+
+    @property
+    def app(self) -> HttpApp | None:
+        return self._http
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError(f"listener {self.name} is already started")
+        host = self._context.host
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        # IPPROTO_TCP named explicitly: asyncio sets TCP_NODELAY only on sockets that
+        # say so, and without it every response waits ~40 ms behind Nagle.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((host, self._context.port))
+            sock.listen(1024)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        http = build_app(self._context, notify_retry_unit_ms=self._notify_retry_unit_ms)
+        config = uvicorn.Config(
+            http.app,
+            lifespan="off",
+            log_config=None,  # the gateway configured logging; uvicorn's loggers propagate
+            log_level="warning",
+            access_log=False,
+            http=_registered_protocol(self._context.connections),
+            timeout_keep_alive=_KEEP_ALIVE_S,
+            timeout_graceful_shutdown=_GRACEFUL_STOP_S,
+            server_header=False,
+        )
+        server = _EmbeddedServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn {self.name}")
+        async with asyncio.timeout(_START_TIMEOUT_S):
+            while not server.started:
+                if task.done():
+                    sock.close()
+                    await task  # raises what failed
+                    raise RuntimeError(f"listener {self.name}: uvicorn stopped at start-up")
+                await asyncio.sleep(0.005)
+        sockname = sock.getsockname()
+        self._address = (sockname[0], sockname[1])
+        self._server, self._task, self._http = server, task, http
+        await http.notifier.start(await http.api.topics.http_subscriptions())
+
+    def socket_options(self, level: int, option: int) -> list[int]:
+        """``getsockopt`` of every open connection (for tests and diagnostics)."""
+        if self._server is None:
+            return []
+        values = []
+        for connection in list(self._server.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            sock = transport.get_extra_info("socket") if transport is not None else None
+            if sock is not None:
+                values.append(sock.getsockopt(level, option))
+        return values
+
+    async def stop(self) -> None:
+        server, task, http = self._server, self._task, self._http
+        self._server = self._task = None
+        if server is None or task is None:
+            return
+        if http is not None:
+            await http.notifier.stop()
+        server.should_exit = True
+        try:
+            await task
+        finally:
+            self._address = None
+
+
+def http_listener(context: ListenerContext) -> Listener:
+    """The gateway's factory for listener ``http`` (port 8080 by default)."""
+    return HttpListener(context)

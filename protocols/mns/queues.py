@@ -1,0 +1,259 @@
+"""MNS queues over the processor.
+
+An MNS queue is a storage topic of one queue with unlimited retention (messages stay
+until deleted), consumed in pop mode by one fixed group per queue: ReceiveMessage is a
+pop with the queue's visibility timeout, the receipt handle is the storage receipt,
+DeleteMessage an ack. The same storage topic is what Kafka, AMQP or RocketMQ clients
+see under the queue's name, so messages interoperate. Queue attributes live in the
+metadata store (kind ``mns.queue``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gateway.processor import Caller, Processor
+from protocols.mns.attributes import QueueAttributes
+from protocols.mns.errors import MnsError
+from protocols.mns.messages import Outgoing, parse_message
+from storage.errors import TopicAlreadyExists, TopicNotFound
+from storage.model import (
+    UNLIMITED,
+    AppendRequest,
+    AppendResult,
+    GroupConfig,
+    QueueRef,
+    StoredMessage,
+    TopicConfig,
+)
+
+__all__ = ["QUEUE_KIND", "TOPIC_KIND", "QueueCounts", "QueueService", "check_name", "group_of"]
+
+QUEUE_KIND = "mns.queue"
+TOPIC_KIND = "mns.topic"
+# MNS: a letter or digit first, then letters, digits and hyphens, up to 256 characters;
+# we also take ``_`` and ``.`` so that Kafka and RocketMQ topic names can be queues.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}")
+_MAX_BATCH = 16
+DEDUP_PREFIX = "mns:"
+
+
+def group_of(queue: str) -> str:
+    """The pop group that consumes an MNS queue."""
+    return f"mns.{queue}"
+
+
+def check_name(kind: str, name: str) -> str:
+    if not _NAME.fullmatch(name):
+        code = "InvalidQueueName" if kind == "queue" else "InvalidTopicName"
+        raise MnsError(code, f"The {kind} name {name[:60]!r} is invalid.", 400)
+    return name
+
+
+@dataclass(frozen=True, slots=True)
+class QueueCounts:
+    """Active: visible now; inactive: received and not yet deleted."""
+
+    active: int
+    inactive: int
+    delayed: int
+
+
+def _group_config(attrs: QueueAttributes) -> GroupConfig:
+    dead_letter = attrs.dead_letter_queue
+    return GroupConfig(
+        max_delivery_attempts=attrs.max_receive_count if dead_letter else None,
+        fifo=attrs.fifo,
+        dead_letter=dead_letter is not None,
+        dead_letter_topic=dead_letter,
+    )
+
+
+class QueueService:
+    def __init__(self, processor: Processor, *, max_message_bytes: int) -> None:
+        self._processor = processor
+        self._max_message_bytes = max_message_bytes
+
+    def _now(self) -> int:
+        return self._processor.clock.now_ms()
+
+    async def attributes(self, caller: Caller, name: str) -> QueueAttributes:
+        """A queue's attributes. A storage topic made by another protocol becomes a
+        queue with the default attributes on first use (so MNS clients can consume a
+        Kafka topic): its group gets MNS's policy (no delivery limit) before the first
+        receive, not the storage default."""
+        raw = await self._processor.meta_get(caller, QUEUE_KIND, name)
+        if raw is not None:
+            return QueueAttributes.from_json(raw)
+        check_name("queue", name)
+        try:
+            info = await self._processor.describe_topic(caller, name)
+        except TopicNotFound:
+            raise MnsError.queue_not_exist(name) from None
+        if await self._processor.meta_get(caller, TOPIC_KIND, name) is not None:
+            raise MnsError.queue_not_exist(name)  # an MNS topic, not a queue
+        attrs = QueueAttributes(create_time=info.created_ms, last_modify_time=info.modified_ms)
+        await self._processor.set_group_config(caller, group_of(name), _group_config(attrs))
+        await self._processor.meta_put(caller, QUEUE_KIND, name, attrs.to_json())
+        return attrs
+
+    # -- queue management ----------------------------------------------------------
+
+    async def create(self, caller: Caller, name: str, document: Any) -> bool:
+        """True if created; False if it existed with the same attributes (MNS answers
+        204 then, and QueueAlreadyExist if they differ)."""
+        check_name("queue", name)
+        now = self._now()
+        attrs = QueueAttributes(create_time=now, last_modify_time=now).updated(
+            document, creating=True
+        )
+        existing = await self._processor.meta_get(caller, QUEUE_KIND, name)
+        if existing is not None:
+            if QueueAttributes.from_json(existing).same_settings(attrs):
+                return False
+            raise MnsError("QueueAlreadyExist", f"The queue {name} already exists.", 409)
+        if await self._processor.meta_get(caller, TOPIC_KIND, name) is not None:
+            raise MnsError("QueueAlreadyExist", f"A topic is named {name} already.", 409)
+        await self._check_dead_letter_queue(caller, attrs)
+        # An existing storage topic is adopted: another protocol's topic, or a queue
+        # half-created before a crash.
+        with contextlib.suppress(TopicAlreadyExists):
+            await self._processor.create_topic(
+                caller, name, TopicConfig(queue_count=1, retention_ms=UNLIMITED)
+            )
+        await self._processor.set_group_config(caller, group_of(name), _group_config(attrs))
+        await self._processor.meta_put(caller, QUEUE_KIND, name, attrs.to_json())
+        return True
+
+    async def set_attributes(self, caller: Caller, name: str, document: Any) -> None:
+        old = await self.attributes(caller, name)
+        new = replace(old.updated(document, creating=False), last_modify_time=self._now())
+        await self._check_dead_letter_queue(caller, new)
+        if _group_config(new) != _group_config(old):
+            await self._processor.set_group_config(caller, group_of(name), _group_config(new))
+        await self._processor.meta_put(caller, QUEUE_KIND, name, new.to_json())
+
+    async def _check_dead_letter_queue(self, caller: Caller, attrs: QueueAttributes) -> None:
+        """The dead-letter target must be a queue already: the engine would otherwise
+        create a plain topic of that name, with the default retention."""
+        target = attrs.dead_letter_queue
+        if (
+            target is not None
+            and await self._processor.meta_get(caller, QUEUE_KIND, target) is None
+        ):
+            raise MnsError.queue_not_exist(target)
+
+    async def counts(self, caller: Caller, name: str) -> QueueCounts:
+        """From the group's pop state. Delayed messages have no offset until they are
+        due, so they are not counted anywhere: DelayMessages is always 0."""
+        ref = QueueRef(caller.namespace, name)
+        pending = await self._processor.pending_count(caller, group_of(name), ref)
+        inflight = await self._processor.inflight_count(caller, group_of(name), ref)
+        return QueueCounts(active=max(0, pending - inflight), inactive=inflight, delayed=0)
+
+    async def delete(self, caller: Caller, name: str) -> None:
+        await self._processor.meta_delete(caller, QUEUE_KIND, name)
+        with contextlib.suppress(TopicNotFound):
+            await self._processor.delete_topic(caller, name)
+
+    async def names(self, caller: Caller) -> list[str]:
+        return sorted(await self._processor.meta_list(caller, QUEUE_KIND))
+
+    # -- messages ------------------------------------------------------------------
+
+    async def send(
+        self, caller: Caller, name: str, documents: Sequence[Any]
+    ) -> list[tuple[Outgoing, AppendResult]]:
+        """Store one message or a batch (at most 16) with one append call: a batch
+        shares one group commit."""
+        if not documents:
+            raise MnsError.invalid_argument("no message to send.")
+        if len(documents) > _MAX_BATCH:
+            raise MnsError.invalid_argument(f"a batch holds at most {_MAX_BATCH} messages.")
+        attrs = await self.attributes(caller, name)
+        now = self._now()
+        limit = min(attrs.maximum_message_size, self._max_message_bytes)
+        outgoing = [
+            parse_message(
+                document,
+                now_ms=now,
+                default_delay_s=attrs.delay_seconds,
+                max_body_bytes=limit,
+                retention_s=attrs.message_retention_period,
+            )
+            for document in documents
+        ]
+        if attrs.fifo and any(o.message.message_group is None for o in outgoing):
+            raise MnsError.invalid_argument("a FIFO queue needs a MessageGroupId.")
+        ref = QueueRef(caller.namespace, name)
+        requests = [
+            AppendRequest(
+                entry=o.message,
+                queues=(ref,),
+                dedup_key=f"{DEDUP_PREFIX}{name}:{o.dedup_id}" if o.dedup_id else None,
+            )
+            for o in outgoing
+        ]
+        results = await self._processor.append(caller, requests)
+        return list(zip(outgoing, results, strict=True))
+
+    async def receive(
+        self, caller: Caller, name: str, *, count: int, wait_s: int | None
+    ) -> list[StoredMessage]:
+        """Long polling: wait up to ``wait_s`` (the queue's PollingWaitSeconds when
+        not given) for a message; MessageNotExist if none came."""
+        attrs = await self.attributes(caller, name)
+        wait = attrs.polling_wait_seconds if wait_s is None else wait_s
+        messages = await self._processor.pop(
+            caller,
+            group_of(name),
+            [QueueRef(caller.namespace, name)],
+            max_messages=count,
+            invisible_ms=attrs.visibility_timeout * 1000,
+            wait_ms=wait * 1000,
+        )
+        if not messages:
+            raise MnsError.message_not_exist()
+        return messages
+
+    async def peek(self, caller: Caller, name: str, *, count: int) -> list[StoredMessage]:
+        """Messages from the head of the queue without changing their state.
+
+        The head is estimated as ``latest - pending``: exact while messages are
+        deleted in order; after out-of-order deletes it may show deleted ones."""
+        await self.attributes(caller, name)
+        ref = QueueRef(caller.namespace, name)
+        pending = await self._processor.pending_count(caller, group_of(name), ref)
+        if pending <= 0:
+            raise MnsError.message_not_exist()
+        offsets = await self._processor.queue_offsets(caller, ref)
+        start = max(offsets.earliest, offsets.latest - pending)
+        result = await self._processor.read(caller, ref, start, max_messages=count)
+        if not result.messages:
+            raise MnsError.message_not_exist()
+        return list(result.messages)
+
+    async def delete_message(self, caller: Caller, name: str, receipt: str) -> None:
+        await self.attributes(caller, name)
+        await self._processor.ack(caller, group_of(name), receipt)
+
+    async def delete_messages(
+        self, caller: Caller, name: str, receipts: Sequence[str]
+    ) -> list[str | None]:
+        """Per receipt: ``None`` when deleted, else why not (a storage error code)."""
+        if not receipts or len(receipts) > _MAX_BATCH:
+            raise MnsError.invalid_argument(f"give 1 to {_MAX_BATCH} receipt handles.")
+        await self.attributes(caller, name)
+        return await self._processor.ack_many(caller, group_of(name), receipts)
+
+    async def change_visibility(
+        self, caller: Caller, name: str, receipt: str, timeout_s: int
+    ) -> StoredMessage:
+        await self.attributes(caller, name)
+        return await self._processor.change_invisibility(
+            caller, group_of(name), receipt, timeout_s * 1000
+        )

@@ -1,0 +1,225 @@
+"""Reading an MNS request and writing its answer: the signature (through
+:class:`RequestAuth`), the body (bounded, Content-MD5 checked, decoded as XML or JSON),
+the query; and the reply as MNS XML, or JSON when the client sends
+``Accept: application/json``."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import Request, Response
+
+from gateway.connections import ConnectionRegistry
+from gateway.processor import Caller
+from protocols.mns import codec
+from protocols.mns.attributes import parse_int
+from protocols.mns.auth import RequestAuth
+from protocols.mns.errors import MnsError
+
+__all__ = [
+    "API_VERSION",
+    "BATCH_MAX",
+    "CONNECTION_ID",
+    "PROTOCOL",
+    "MnsCall",
+    "RequestReader",
+    "base_headers",
+    "error_response",
+    "message_documents",
+    "wants_json",
+]
+
+PROTOCOL = "http"
+# The ASGI scope key under which the listener puts the connection's registry id.
+CONNECTION_ID = "polymq.connection_id"
+API_VERSION = "2015-06-06"
+BATCH_MAX = 16
+_LIST_MAX = 1000
+
+
+def wants_json(request: Request) -> bool:
+    return "application/json" in request.headers.get("accept", "")
+
+
+def request_id(request: Request) -> str:
+    rid: str | None = getattr(request.state, "mns_request_id", None)
+    if rid is None:
+        rid = uuid.uuid4().hex.upper()[:24]
+        request.state.mns_request_id = rid
+    return rid
+
+
+def base_headers(request: Request) -> dict[str, str]:
+    return {"x-mns-request-id": request_id(request), "x-mns-version": API_VERSION}
+
+
+def error_response(request: Request, error: MnsError) -> Response:
+    """An MNS ``<Error>`` document (or its JSON form) with the error's status."""
+    as_json = wants_json(request)
+    body = codec.encode(
+        "Error",
+        {
+            "Code": error.code,
+            "Message": error.message,
+            "RequestId": request_id(request),
+            "HostId": f"{request.url.scheme}://{request.url.netloc}",
+        },
+        as_json=as_json,
+    )
+    return Response(
+        body,
+        status_code=error.status,
+        media_type="application/json" if as_json else "text/xml;charset=utf-8",
+        headers=base_headers(request),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class MnsCall:
+    """One authenticated request: who, what it sent, how to answer."""
+
+    request: Request
+    caller: Caller
+    root: str | None
+    document: Any
+    query: Mapping[str, str]
+
+    def reply(
+        self,
+        status: int,
+        root: str | None = None,
+        value: Mapping[str, Any] | Sequence[Any] | None = None,
+        *,
+        location: str | None = None,
+    ) -> Response:
+        headers = base_headers(self.request)
+        if location is not None:
+            headers["location"] = location
+        if root is None or value is None:
+            return Response(status_code=status, headers=headers)
+        as_json = wants_json(self.request)
+        return Response(
+            codec.encode(root, value, as_json=as_json),
+            status_code=status,
+            media_type="application/json" if as_json else "text/xml;charset=utf-8",
+            headers=headers,
+        )
+
+    def url(self, *parts: str) -> str:
+        base = f"{self.request.url.scheme}://{self.request.url.netloc}"
+        return base + "/" + "/".join(parts)
+
+    def int_query(self, name: str, low: int, high: int) -> int | None:
+        value = self.query.get(name.lower())
+        return None if value is None else parse_int(name, value, low, high)
+
+    def option(self, name: str) -> str | None:
+        """A list option: the SDK sends ``x-mns-<name>`` headers; curl users may use
+        the query string."""
+        value = self.request.headers.get(f"x-mns-{name}")
+        return value if value is not None else self.query.get(name.replace("-", ""))
+
+    def page(self, names: list[str]) -> tuple[list[str], str | None]:
+        prefix = self.option("prefix") or ""
+        marker = self.option("marker") or ""
+        raw_number = self.option("ret-number")
+        number = _LIST_MAX if raw_number is None else parse_int("RetNumber", raw_number, 1, 1000)
+        matching = [n for n in names if n.startswith(prefix) and n >= marker]
+        page = matching[:number]
+        return page, (matching[number] if len(matching) > number else None)
+
+
+class RequestReader:
+    """Turns an HTTP request into an authenticated :class:`MnsCall`."""
+
+    def __init__(
+        self,
+        auth: RequestAuth,
+        *,
+        max_message_bytes: int,
+        connections: ConnectionRegistry | None = None,
+    ) -> None:
+        self._auth = auth
+        self._connections = connections
+        # A batch of 16 full messages, XML-escaped, fits; more is refused unread.
+        self._max_body_bytes = BATCH_MAX * max_message_bytes * 2 + 64 * 1024
+
+    async def _read_body(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_body_bytes:
+            raise MnsError.body_too_long(self._max_body_bytes)
+        chunks: list[bytes] = []
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self._max_body_bytes:
+                raise MnsError.body_too_long(self._max_body_bytes)
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def _authenticate(self, request: Request) -> Caller:
+        principal = self._auth.principal(
+            method=request.method,
+            raw_path=request.scope.get("raw_path", request.url.path.encode()).decode(),
+            query=request.scope.get("query_string", b"").decode(),
+            headers=request.headers.items(),
+        )
+        namespace = principal.default_namespace
+        connection_id: int | None = request.scope.get(CONNECTION_ID)
+        if connection_id is not None and self._connections is not None:
+            # A keep-alive connection belongs to whoever signed its requests last.
+            known = self._connections.get(connection_id)
+            if known is not None and (known.principal, known.namespace) != (principal, namespace):
+                self._connections.identify(connection_id, principal=principal, namespace=namespace)
+        return Caller(
+            principal=principal,
+            namespace=namespace,
+            protocol=PROTOCOL,
+            connection_id=connection_id,
+        )
+
+    async def read(self, request: Request) -> MnsCall:
+        caller = self._authenticate(request)
+        body = await self._read_body(request)
+        _check_digest(request.headers.get("content-md5"), body)
+        json_body = "json" in request.headers.get("content-type", "")
+        try:
+            root, document = codec.decode(body, json_body=json_body)
+        except codec.MalformedDocument as e:
+            raise MnsError.malformed(str(e)) from None
+        query = {k.lower(): v for k, v in request.query_params.items()}
+        return MnsCall(request, caller, root, document, query)
+
+
+def _check_digest(content_md5: str | None, body: bytes) -> None:
+    """Content-MD5, when sent, is base64 of the body's MD5: of its hex digest as the
+    aliyun-mns-sdk sends it, or of the raw digest (RFC 1864)."""
+    if not content_md5 or not body:
+        return
+    digest = hashlib.md5(body, usedforsecurity=False)
+    accepted = (
+        base64.b64encode(digest.hexdigest().encode()).decode(),
+        base64.b64encode(digest.digest()).decode(),
+    )
+    if content_md5.strip() not in accepted:
+        raise MnsError("InvalidDigest", "The Content-MD5 you specified is invalid.")
+
+
+def message_documents(root: str | None, document: Any) -> tuple[list[Any], bool]:
+    """The message documents of a send, and whether it was a batch."""
+    if root == "Messages" or isinstance(document, list):
+        items = document
+    elif root is None and isinstance(document, Mapping) and "Messages" in document:
+        items = document["Messages"]
+    elif root in (None, "Message"):
+        return [document], False
+    else:
+        raise MnsError.invalid_argument(f"expected <Message> or <Messages>, got <{root}>.")
+    if not isinstance(items, list):
+        raise MnsError.invalid_argument("Messages must be a list.")
+    return items, True

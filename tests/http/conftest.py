@@ -1,0 +1,3 @@
+from tests.mns.harness import account, server
+
+__all__ = ["account", "server"]
