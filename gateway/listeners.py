@@ -81,8 +81,10 @@ def protocol_listeners() -> Mapping[str, ListenerFactory]:
     with the gateway package.
     """
     from protocols.http.listener import http_listener
+    from protocols.rocketmq.listener import rocketmq_listener
 
     factories: dict[str, ListenerFactory] = {}
+    factories["rocketmq"] = rocketmq_listener
     factories["http"] = http_listener
     return factories
 
