@@ -80,10 +80,12 @@ def protocol_listeners() -> Mapping[str, ListenerFactory]:
     that protocols, which import the gateway's processor, never form an import cycle
     with the gateway package.
     """
+    from protocols.amqp.listener import amqp_listener
     from protocols.http.listener import http_listener
     from protocols.rocketmq.listener import rocketmq_listener
 
     factories: dict[str, ListenerFactory] = {}
+    factories["amqp"] = amqp_listener
     factories["rocketmq"] = rocketmq_listener
     factories["http"] = http_listener
     return factories

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 __all__ = [
     "AMQP_EXCHANGE",
+    "AMQP_EXPIRES_AT",
+    "AMQP_PROPERTIES",
     "AMQP_ROUTING_KEY",
     "CONTENT_TYPE",
     "CORRELATION_ID",
@@ -42,6 +44,10 @@ REPLY_TO = "reply-to"  # Kafka headers, RocketMQ and MNS user properties
 MQTT_TOPIC = "mqtt.topic"
 AMQP_EXCHANGE = "amqp.exchange"
 AMQP_ROUTING_KEY = "amqp.routing-key"
+# The AMQP basic properties as published (byte for byte, so every field-table type
+# round-trips), and a per-message expiration as an absolute deadline.
+AMQP_PROPERTIES = "amqp.properties"
+AMQP_EXPIRES_AT = "amqp.expires-at"
 
 RESERVED = frozenset(
     {
@@ -54,5 +60,7 @@ RESERVED = frozenset(
         MQTT_TOPIC,
         AMQP_EXCHANGE,
         AMQP_ROUTING_KEY,
+        AMQP_PROPERTIES,
+        AMQP_EXPIRES_AT,
     }
 )

@@ -1,0 +1,263 @@
+"""AMQP 0-9-1 benchmark with pika on loopback.
+
+For 100 B and 4 KiB bodies: publish msgs/s without confirms and with confirms (pika
+BlockingConnection, one publish waiting for its confirm at a time), consume msgs/s
+with prefetch 500 and an ack per message, and end-to-end latency p50/p99 at a paced
+1,000 msgs/s; plus the server's CPU and RSS. Every scenario is bounded in count and
+time.
+
+    .venv/bin/python -m bench.amqp                         # starts polymq itself
+    .venv/bin/python -m bench.amqp --target 127.0.0.1:5672 [--server-pid PID]
+
+With ``--target`` it measures whatever broker listens there (RabbitMQ, say); pass
+``--server-pid`` to get that server's CPU and RSS too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pika
+import psutil
+
+SIZES = (100, 4096)
+PUBLISH_COUNT = 20_000
+CONFIRM_COUNT = 3_000
+LATENCY_RATE = 1_000
+LATENCY_SECONDS = 5.0
+SCENARIO_LIMIT_S = 30.0
+
+
+def serve(port: int, data_dir: str) -> None:
+    """Run a polymq gateway with only the AMQP listener (until killed)."""
+    from gateway.config import load_config
+    from gateway.server import configure_logging, serve
+    from protocols.amqp.listener import amqp_listener
+
+    overrides = {"storage.data_dir": data_dir, "listeners.amqp.port": str(port)}
+    for name in ("kafka", "mqtt", "mqtt_ws", "rocketmq", "http"):
+        overrides[f"listeners.{name}.enabled"] = "false"
+    config = load_config(overrides=overrides)
+    configure_logging("warning")
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(serve(config, listener_factories={"amqp": amqp_listener}))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@contextlib.contextmanager
+def polymq_server() -> Iterator[tuple[str, int, int]]:
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="polymq-bench-amqp-") as data_dir:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.amqp", "--serve", str(port), "--data-dir", data_dir],
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError("the polymq server did not start") from None
+                    time.sleep(0.1)
+            yield "127.0.0.1", port, proc.pid
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+@dataclass
+class Meter:
+    """CPU seconds and RSS of the server process, if known."""
+
+    process: psutil.Process | None
+
+    def cpu(self) -> float:
+        if self.process is None:
+            return 0.0
+        times = self.process.cpu_times()
+        return float(times.user + times.system)
+
+    def rss_mib(self) -> float:
+        return self.process.memory_info().rss / (1 << 20) if self.process else 0.0
+
+
+def _connect(host: str, port: int) -> pika.BlockingConnection:
+    return pika.BlockingConnection(
+        pika.ConnectionParameters(host, port, heartbeat=0, blocked_connection_timeout=60)
+    )
+
+
+def _count(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) -> int:
+    count: int = ch.queue_declare(queue, passive=True).method.message_count
+    return count
+
+
+def publish(
+    host: str, port: int, queue: str, size: int, count: int, confirms: bool
+) -> tuple[int, float]:
+    body = b"x" * size
+    with contextlib.closing(_connect(host, port)) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, durable=True)
+        if confirms:
+            ch.confirm_delivery()
+        props = pika.BasicProperties(delivery_mode=2)
+        start = time.perf_counter()
+        sent = 0
+        while sent < count and time.perf_counter() - start < SCENARIO_LIMIT_S:
+            ch.basic_publish("", queue, body, props)
+            sent += 1
+        # Without confirms the figure counts only once the server has them all.
+        deadline = time.monotonic() + SCENARIO_LIMIT_S
+        while not confirms and _count(ch, queue) < sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return sent, time.perf_counter() - start
+
+
+def consume(host: str, port: int, queue: str, count: int) -> tuple[int, float]:
+    with contextlib.closing(_connect(host, port)) as conn:
+        ch = conn.channel()
+        ch.basic_qos(prefetch_count=500)
+        got = 0
+        start = time.perf_counter()
+        for method, _, _ in ch.consume(queue, inactivity_timeout=5):
+            if method is None:
+                break
+            ch.basic_ack(method.delivery_tag)
+            got += 1
+            if got >= count or time.perf_counter() - start > SCENARIO_LIMIT_S:
+                break
+        elapsed = time.perf_counter() - start
+        ch.cancel()
+        return got, elapsed
+
+
+def latency(host: str, port: int, queue: str, size: int) -> tuple[float, float, int]:
+    stamp = struct.Struct(">d")
+    latencies: list[float] = []
+    total = int(LATENCY_RATE * LATENCY_SECONDS)
+    ready = threading.Event()
+
+    def consumer() -> None:
+        with contextlib.closing(_connect(host, port)) as conn:
+            ch = conn.channel()
+            ch.queue_declare(queue, durable=True)
+            ch.basic_qos(prefetch_count=500)
+            ready.set()
+            deadline = time.monotonic() + LATENCY_SECONDS + 15
+            for method, _, body in ch.consume(queue, inactivity_timeout=1):
+                if method is not None:
+                    latencies.append(time.perf_counter() - stamp.unpack_from(body)[0])
+                    ch.basic_ack(method.delivery_tag)
+                if len(latencies) >= total or time.monotonic() > deadline:
+                    break
+            ch.cancel()
+
+    thread = threading.Thread(target=consumer)
+    thread.start()
+    ready.wait(30)
+    padding = b"x" * max(0, size - stamp.size)
+    with contextlib.closing(_connect(host, port)) as conn:
+        ch = conn.channel()
+        start = time.perf_counter()
+        for i in range(total):
+            due = start + i / LATENCY_RATE
+            while (now := time.perf_counter()) < due:
+                time.sleep(min(0.001, due - now))
+            ch.basic_publish("", queue, stamp.pack(time.perf_counter()) + padding)
+        thread.join(LATENCY_SECONDS + 30)
+    if not latencies:
+        return 0.0, 0.0, 0
+    ordered = sorted(latencies)
+    p50 = statistics.median(ordered) * 1000
+    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
+    return p50, p99, len(ordered)
+
+
+def run(host: str, port: int, meter: Meter, label: str) -> None:
+    print(f"# AMQP benchmark against {label} at {host}:{port} (pika {pika.__version__})")
+    print(f"{'scenario':<34} {'size':>6} {'msgs':>7} {'msgs/s':>9} {'MB/s':>7} {'cpu%':>6}")
+    for size in SIZES:
+        queue = f"bench-{size}-{uuid.uuid4().hex[:8]}"
+        scenarios: list[tuple[str, Callable[[], tuple[int, float]]]] = [
+            (
+                "publish, no confirms",
+                partial(publish, host, port, queue, size, PUBLISH_COUNT, False),
+            ),
+            (
+                "publish, confirms (one at a time)",
+                partial(publish, host, port, queue + "-c", size, CONFIRM_COUNT, True),
+            ),
+            ("consume, prefetch 500, acks", partial(consume, host, port, queue, PUBLISH_COUNT)),
+        ]
+        for name, scenario in scenarios:
+            cpu = meter.cpu()
+            count, elapsed = scenario()
+            cpu_pct = (meter.cpu() - cpu) / elapsed * 100 if elapsed else 0.0
+            rate = count / elapsed if elapsed else 0.0
+            mb_s = rate * size / 1e6
+            print(
+                f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {mb_s:>7.1f} {cpu_pct:>6.0f}",
+                flush=True,
+            )
+        cpu = meter.cpu()
+        p50, p99, n = latency(host, port, queue + "-lat", size)
+        cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
+        name = "end-to-end @1000/s p50/p99 ms"
+        print(f"{name:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f}", flush=True)
+    print(f"server RSS: {meter.rss_mib():.0f} MiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--target", help="HOST:PORT of a running broker (default: start polymq)")
+    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.data_dir or tempfile.mkdtemp())
+        return
+    if args.target:
+        host, _, port = args.target.rpartition(":")
+        process = psutil.Process(args.server_pid) if args.server_pid else None
+        run(host or "127.0.0.1", int(port), Meter(process), args.target)
+        return
+    with polymq_server() as (host, port, pid):
+        run(host, port, Meter(psutil.Process(pid)), "polymq")
+
+
+if __name__ == "__main__":
+    main()

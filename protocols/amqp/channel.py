@@ -1,0 +1,767 @@
+"""One AMQP channel: content assembly, the method handlers, consumers and
+acknowledgements.
+
+Frames are taken apart by the connection's reader and queued in the channel's inbox;
+one task per channel runs the commands in order (the spec makes a channel's methods
+sequential), handing runs of consecutive publishes to storage as one append so a
+pipelining publisher costs one group commit per run, not per message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from pamqp import commands
+from pamqp.base import Frame as MethodFrame
+
+from gateway.accounts import AccessDenied
+from protocols.amqp import declarations, errors
+from protocols.amqp._state import ChannelState, ContentState, content_transition
+from protocols.amqp.codec import ContentHeaderFrame, content_frames, deliver_frames
+from protocols.amqp.consumer import INVISIBLE_MS, POP_BATCH, Consumer, Delivery
+from protocols.amqp.dead_letter import dead_letter
+from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.properties import (
+    delivery_content,
+    with_header,
+)
+from protocols.amqp.publishing import EXPIRES_AT, REPLY_TO, Publish, Publisher
+from protocols.amqp.vhost import GROUP, QueueDef
+from storage.errors import (
+    InvalidArgument,
+    InvalidName,
+    InvalidReceipt,
+    MessageTooLarge,
+    StorageError,
+    TopicNotFound,
+)
+from storage.model import QueueRef, StoredMessage
+
+if TYPE_CHECKING:
+    from protocols.amqp.connection import AmqpConnection
+
+__all__ = ["Channel"]
+
+log = logging.getLogger(__name__)
+
+_RENEW_EVERY_S: Final = INVISIBLE_MS / 1000 / 3
+_INBOX_HIGH: Final = 512
+
+
+class _Renew:
+    """Inbox marker: renew the leases of unacked deliveries (run in order with acks,
+    so a renewal never races an ack for the same receipt)."""
+
+
+_RENEW = _Renew()
+
+
+class _Flush:
+    """Inbox marker: everything queued before it has been handled."""
+
+    def __init__(self) -> None:
+        self.done = asyncio.get_running_loop().create_future()
+
+
+_Marker = _Renew | _Flush
+
+
+class _Inbox:
+    """The channel's ordered command queue, with a high-water mark the reader waits on."""
+
+    def __init__(self) -> None:
+        self.items: collections.deque[Publish | MethodFrame | _Marker] = collections.deque()
+        self.ready = asyncio.Event()
+        self.space = asyncio.Event()
+        self.space.set()
+
+    def put(self, item: Publish | MethodFrame | _Marker) -> None:
+        self.items.append(item)
+        self.ready.set()
+        if len(self.items) >= _INBOX_HIGH:
+            self.space.clear()
+
+    async def get(self) -> Publish | MethodFrame | _Marker:
+        while not self.items:
+            self.ready.clear()
+            await self.ready.wait()
+        item = self.items.popleft()
+        if len(self.items) < _INBOX_HIGH // 2:
+            self.space.set()
+        return item
+
+    def clear(self) -> None:
+        """Drop queued commands (the channel is closing); release flush waiters."""
+        for item in self.items:
+            if isinstance(item, _Flush) and not item.done.done():
+                item.done.set_result(None)
+        self.items.clear()
+        self.space.set()
+
+
+Handler = Callable[["Channel", Any], Awaitable[None]]
+
+
+class Channel:
+    def __init__(self, conn: AmqpConnection, number: int) -> None:
+        self.conn = conn
+        self.number = number
+        self.state = ChannelState.OPEN
+        self._content = ContentState.METHOD
+        self._publish: Publish | None = None
+        self._inbox = _Inbox()
+        self.consumers: dict[str, Consumer] = {}
+        self.unacked: dict[int, Delivery] = {}
+        self._next_tag = 1
+        self._prefetch = 0  # for consumers created from now on (per consumer)
+        self._global_prefetch = 0
+        self.reserved = 0  # credit held by consumers fetching right now
+        self._flow_active = True
+        self.publisher = Publisher(self)
+        self._tx: list[Publish] | None = None
+        self._tx_acks: list[tuple[int, bool]] = []
+        self.reply_token: str | None = None
+        self.closed = False  # forgotten by the connection: the command loop ends
+        self._task = asyncio.create_task(self._run(), name=f"amqp-channel-{number}")
+        self._renewer = asyncio.create_task(self._renew_timer())
+
+    # -- frames from the reader ------------------------------------------------------
+
+    @property
+    def space(self) -> asyncio.Event:
+        return self._inbox.space
+
+    def on_frame(self, value: object) -> None:
+        """Take one frame (synchronously: content assembly); complete commands go to
+        the inbox."""
+        if isinstance(value, MethodFrame):
+            kind = "content-method" if isinstance(value, commands.Basic.Publish) else "method"
+        elif isinstance(value, ContentHeaderFrame):
+            kind = "header"
+        else:
+            kind = "body"
+        if self.state is ChannelState.CLOSING:
+            if isinstance(value, commands.Channel.CloseOk):
+                self.conn.forget_channel(self)
+            elif isinstance(value, commands.Channel.Close):
+                self.conn.send_frame(self.number, commands.Channel.CloseOk())
+            return  # everything else is dropped until close-ok (section 4.5)
+        following = content_transition(self._content, kind)
+        if following is None:
+            raise ConnectionError_(
+                errors.UNEXPECTED_FRAME, f"unexpected {kind} frame on channel {self.number}"
+            )
+        self._content = following
+        if isinstance(value, commands.Basic.Publish):
+            self._publish = Publish(value)
+        elif isinstance(value, ContentHeaderFrame):
+            publish = self._publish
+            assert publish is not None
+            if value.class_id != 60:
+                raise ConnectionError_(errors.FRAME_ERROR, "content header for a non-basic class")
+            limit = self.conn.max_message_bytes
+            if value.body_size > limit:
+                raise ConnectionError_(
+                    errors.FRAME_ERROR,
+                    f"message body of {value.body_size} bytes exceeds the limit of {limit}",
+                )
+            publish.header = value
+            if value.body_size == 0:
+                self._complete()
+        elif isinstance(value, bytes):
+            publish = self._publish
+            assert publish is not None and publish.header is not None
+            publish.chunks.append(value)
+            publish.received += len(value)
+            if publish.received > publish.header.body_size:
+                raise ConnectionError_(errors.FRAME_ERROR, "body longer than its content header")
+            if publish.received == publish.header.body_size:
+                self._complete()
+        else:
+            assert isinstance(value, MethodFrame)
+            self._inbox.put(value)
+
+    def _complete(self) -> None:
+        publish = self._publish
+        assert publish is not None
+        self._publish = None
+        self._content = ContentState.METHOD
+        self._inbox.put(publish)
+
+    # -- the command loop ------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while not self.closed:
+            item = await self._inbox.get()
+            if isinstance(item, _Flush):
+                item.done.set_result(None)
+                continue
+            if self.state is ChannelState.CLOSING:
+                continue
+            try:
+                if isinstance(item, Publish):
+                    batch = [item]
+                    while self._inbox.items and isinstance(self._inbox.items[0], Publish):
+                        next_item = await self._inbox.get()
+                        assert isinstance(next_item, Publish)
+                        batch.append(next_item)
+                    await self._guard(self._publish_batch(batch), batch[0].method)
+                elif isinstance(item, _Renew):
+                    await self._renew_leases()
+                elif isinstance(item, commands.Basic.Ack) and self._tx is None:
+                    await self._guard(self._ack_run(item), item)
+                else:
+                    handler = _HANDLERS.get(type(item))
+                    if handler is None:
+                        raise ConnectionError_(
+                            errors.NOT_IMPLEMENTED,
+                            f"method {item.name} is not supported",
+                            *_ids(item),
+                        )
+                    await self._guard(handler(self, item), item)
+            except AmqpError as e:
+                if isinstance(e, ChannelError):
+                    self.conn.fail_channel(self, e)
+                else:
+                    self.conn.fail(e)
+            except Exception as e:
+                log.exception("amqp channel %d failed", self.number)
+                self.conn.fail(ConnectionError_(errors.INTERNAL_ERROR, str(e)))
+
+    async def _renew_timer(self) -> None:
+        while True:
+            await asyncio.sleep(_RENEW_EVERY_S)
+            if self.unacked and self.state is ChannelState.OPEN:
+                self._inbox.put(_RENEW)
+
+    async def _renew_leases(self) -> None:
+        processor, caller = self.conn.processor, self.conn.caller
+        renew_before = processor.clock.now_ms() + INVISIBLE_MS // 2
+        for tag, delivery in list(self.unacked.items()):
+            stored = delivery.stored
+            if stored.receipt is None or (stored.next_visible_ms or 0) > renew_before:
+                continue
+            try:
+                renewed = await processor.change_invisibility(
+                    caller, GROUP, stored.receipt, INVISIBLE_MS
+                )
+            except StorageError:
+                continue  # acked through a purge or deleted meanwhile
+            if self.unacked.get(tag) is delivery:
+                delivery.stored = renewed
+
+    async def _guard(self, call: Awaitable[None], method: MethodFrame) -> None:
+        """Run a handler, turning the storage and access errors a peer can provoke
+        into the channel error the spec names."""
+        try:
+            await call
+        except AmqpError as e:
+            if not e.class_id:
+                e.class_id, e.method_id = _ids(method)
+            raise
+        except TopicNotFound as e:  # the queue was deleted while we worked on it
+            raise ChannelError(errors.NOT_FOUND, str(e), *_ids(method)) from e
+        except (InvalidName, InvalidArgument, MessageTooLarge) as e:
+            raise ChannelError(errors.PRECONDITION_FAILED, str(e), *_ids(method)) from e
+        except AccessDenied as e:
+            raise ChannelError(errors.ACCESS_REFUSED, str(e), *_ids(method)) from e
+        except StorageError as e:
+            raise ConnectionError_(errors.INTERNAL_ERROR, str(e), *_ids(method)) from e
+
+    def send(self, method: MethodFrame) -> None:
+        self.conn.send_frame(self.number, method)
+
+    # -- teardown --------------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Wait until the commands already received are handled: a peer that publishes
+        and then closes (or hangs up) has its publishes stored, as with RabbitMQ."""
+        if self.state is not ChannelState.OPEN or self._task.done():
+            return
+        marker = _Flush()
+        self._inbox.put(marker)
+        await asyncio.wait([marker.done, self._task], return_when=asyncio.FIRST_COMPLETED)
+
+    def begin_close(self) -> None:
+        """Stop consuming and drop queued commands (an error closed the channel)."""
+        self.state = ChannelState.CLOSING
+        self._inbox.clear()
+
+    async def teardown(self) -> None:
+        """Cancel consumers and give every unacked delivery back to its queue (it comes
+        back redelivered)."""
+        self.state = ChannelState.CLOSING
+        self._inbox.clear()
+        self._renewer.cancel()
+        if self._task is not asyncio.current_task():
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        consumers = list(self.consumers.values())
+        self.consumers.clear()
+        for consumer in consumers:
+            if consumer.task is not None:
+                consumer.task.cancel()
+        for consumer in consumers:
+            if consumer.task is not None:
+                await asyncio.gather(consumer.task, return_exceptions=True)
+        if self.reply_token is not None:
+            self.conn.vhost.reply_to.pop(self.reply_token, None)
+        deliveries = list(self.unacked.values())
+        self.unacked.clear()
+        await self._requeue(deliveries)
+        vhost = self.conn.vhost
+        for consumer in consumers:
+            consumer.queue.consumers.discard(consumer)
+            await vhost.consumer_removed(self.conn.caller, consumer.queue)
+
+    async def _requeue(self, deliveries: Sequence[Delivery]) -> None:
+        processor, caller = self.conn.processor, self.conn.caller
+        for delivery in deliveries:
+            if delivery.stored.receipt is None:
+                continue
+            # The queue may be gone, or the message taken back already.
+            with contextlib.suppress(StorageError):
+                await processor.nack(caller, GROUP, delivery.stored.receipt)
+
+    # -- channel class ---------------------------------------------------------------
+
+    async def _channel_close(self, method: commands.Channel.Close) -> None:
+        await self.teardown()
+        self.conn.forget_channel(self)
+        self.send(commands.Channel.CloseOk())
+
+    async def _channel_flow(self, method: commands.Channel.Flow) -> None:
+        self._flow_active = bool(method.active)
+        self._wake_consumers()
+        self.send(commands.Channel.FlowOk(active=method.active))
+
+    async def _channel_flow_ok(self, method: commands.Channel.FlowOk) -> None:
+        pass
+
+    # -- basic class: consuming ------------------------------------------------------
+
+    async def _basic_qos(self, method: commands.Basic.Qos) -> None:
+        if method.global_:
+            self._global_prefetch = method.prefetch_count
+        else:
+            self._prefetch = method.prefetch_count
+        self._wake_consumers()
+        self.send(commands.Basic.QosOk())
+
+    async def _basic_consume(self, method: commands.Basic.Consume) -> None:
+        tag = method.consumer_tag or "amq.ctag-" + secrets.token_urlsafe(16)
+        if tag in self.consumers:
+            raise ChannelError(errors.NOT_ALLOWED, f"attempt to reuse consumer tag '{tag}'")
+        if method.queue == REPLY_TO:
+            await self._consume_reply_to(method, tag)
+            return
+        vhost = self.conn.vhost
+        queue = vhost.queue(method.queue, self.conn.key, 60, 20)
+        if any(c.exclusive for c in queue.consumers) or (method.exclusive and queue.consumers):
+            raise ChannelError(
+                errors.ACCESS_REFUSED,
+                f"queue '{queue.name}' in vhost has an exclusive consumer",
+            )
+        consumer = Consumer(
+            self,
+            tag=tag,
+            queue=queue,
+            no_ack=method.no_ack,
+            exclusive=method.exclusive,
+            prefetch=self._prefetch,
+        )
+        if queue.is_stream:
+            if method.no_ack:
+                raise ChannelError(
+                    errors.PRECONDITION_FAILED, "stream consumers must acknowledge", 60, 20
+                )
+            consumer.stream_offset = await self._stream_start(queue, method.arguments or {})
+        self.consumers[tag] = consumer
+        queue.consumers.add(consumer)
+        queue.ever_consumed = True
+        if not method.nowait:
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
+        consumer.start()
+
+    async def _stream_start(self, queue: QueueDef, arguments: Mapping[str, Any]) -> int:
+        """Where a stream consumer starts (``x-stream-offset``: first, last, next, an
+        offset, or a timestamp)."""
+        processor, caller = self.conn.processor, self.conn.caller
+        ref = queue.refs(self.conn.namespace)[0]
+        bounds = await processor.queue_offsets(caller, ref)
+        spec = arguments.get("x-stream-offset", "next")
+        if spec == "first":
+            return bounds.earliest
+        if spec == "last":
+            return max(bounds.earliest, bounds.latest - 1)
+        if isinstance(spec, datetime.datetime):
+            return await processor.offset_for_timestamp(caller, ref, int(spec.timestamp() * 1000))
+        if isinstance(spec, int) and not isinstance(spec, bool):
+            return max(bounds.earliest, min(spec, bounds.latest))
+        if spec == "next":
+            return bounds.latest
+        raise ChannelError(errors.PRECONDITION_FAILED, f"invalid x-stream-offset {spec!r}", 60, 20)
+
+    async def _consume_reply_to(self, method: commands.Basic.Consume, tag: str) -> None:
+        """Direct reply-to: replies go straight to this channel, never to storage."""
+        if not method.no_ack:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20
+            )
+        if self.reply_token is None:
+            self.reply_token = secrets.token_urlsafe(24)
+        token = self.reply_token
+
+        def sink(routing_key: str, raw_properties: bytes, body: bytes) -> None:
+            delivery_tag = self._next_tag
+            self._next_tag += 1
+            self.conn.send_bytes(
+                deliver_frames(
+                    self.number,
+                    consumer_tag=tag,
+                    delivery_tag=delivery_tag,
+                    redelivered=False,
+                    exchange="",
+                    routing_key=routing_key,
+                    raw_properties=raw_properties,
+                    body=body,
+                    frame_max=self.conn.frame_max,
+                )
+            )
+
+        self.conn.vhost.reply_to[token] = sink
+        if not method.nowait:
+            self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
+
+    async def _basic_cancel(self, method: commands.Basic.Cancel) -> None:
+        consumer = self.consumers.pop(method.consumer_tag or "", None)
+        if consumer is not None:
+            if consumer.task is not None:
+                consumer.task.cancel()
+                await asyncio.gather(consumer.task, return_exceptions=True)
+            consumer.queue.consumers.discard(consumer)
+            await self.conn.vhost.consumer_removed(self.conn.caller, consumer.queue)
+        elif self.reply_token is not None and method.consumer_tag:
+            self.conn.vhost.reply_to.pop(self.reply_token, None)
+        if not method.nowait:
+            self.send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
+
+    def credit(self, consumer: Consumer) -> int:
+        if not self._flow_active or self.state is not ChannelState.OPEN:
+            return 0
+        if consumer.no_ack:
+            return POP_BATCH
+        credit = consumer.prefetch - consumer.inflight
+        if self._global_prefetch:
+            credit = min(credit, self._global_prefetch - len(self.unacked) - self.reserved)
+        return credit
+
+    def _wake_consumers(self) -> None:
+        for consumer in self.consumers.values():
+            consumer.wakeup.set()
+
+    async def pop(
+        self, refs: Sequence[QueueRef], max_messages: int, wait_ms: int
+    ) -> list[StoredMessage]:
+        """Pop highest priority first; a cancelled long poll gives back what it got."""
+        processor, caller = self.conn.processor, self.conn.caller
+        if len(refs) > 1:
+            got: list[StoredMessage] = []
+            for ref in refs:
+                got += await processor.pop(
+                    caller,
+                    GROUP,
+                    [ref],
+                    max_messages=max_messages - len(got),
+                    invisible_ms=INVISIBLE_MS,
+                )
+                if len(got) >= max_messages:
+                    return got
+            if got:
+                return got
+            max_messages = 1  # a long poll over every level takes whichever comes first
+        poll = asyncio.ensure_future(
+            processor.pop(
+                caller,
+                GROUP,
+                refs,
+                max_messages=max_messages,
+                invisible_ms=INVISIBLE_MS,
+                wait_ms=wait_ms,
+            )
+        )
+        try:
+            return await asyncio.shield(poll)
+        except asyncio.CancelledError:
+            poll.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, poll: asyncio.Future[list[StoredMessage]]) -> None:
+        if poll.cancelled() or poll.exception() is not None:
+            return
+        processor, caller = self.conn.processor, self.conn.caller
+
+        async def nack_all() -> None:
+            for stored in poll.result():
+                if stored.receipt is not None:
+                    with contextlib.suppress(StorageError):
+                        await processor.nack(caller, GROUP, stored.receipt)
+
+        if poll.result():
+            self.conn.spawn(nack_all())
+
+    def _expired(self, queue: QueueDef, stored: StoredMessage, now: int) -> bool:
+        ttl = queue.int_argument("x-message-ttl")
+        if ttl is not None and stored.store_timestamp_ms + ttl <= now:
+            return True
+        deadline = stored.message.property(EXPIRES_AT)
+        return deadline is not None and int(deadline) <= now
+
+    async def deliver(self, consumer: Consumer, messages: Sequence[StoredMessage]) -> None:
+        processor, caller = self.conn.processor, self.conn.caller
+        now = processor.clock.now_ms()
+        out: list[bytes] = []
+        acks: list[str] = []
+        for stored in messages:
+            if self._expired(consumer.queue, stored, now):
+                await dead_letter(
+                    processor, caller, self.conn.vhost, consumer.queue, stored, "expired"
+                )
+                continue
+            tag = self._next_tag
+            self._next_tag += 1
+            exchange, routing_key, raw = delivery_content(stored)
+            if consumer.stream_offset is not None:
+                raw = with_header(raw, "x-stream-offset", stored.offset)
+            if consumer.no_ack:
+                acks.append(stored.receipt or "")
+            else:
+                self.unacked[tag] = Delivery(stored, consumer.queue, consumer)
+                consumer.inflight += 1
+            out.append(
+                deliver_frames(
+                    self.number,
+                    consumer_tag=consumer.tag,
+                    delivery_tag=tag,
+                    redelivered=stored.delivery_attempt > 1,
+                    exchange=exchange,
+                    routing_key=routing_key,
+                    raw_properties=raw,
+                    body=stored.message.body,
+                    frame_max=self.conn.frame_max,
+                )
+            )
+        if out:
+            self.conn.send_bytes(b"".join(out))
+        if acks:
+            await processor.ack_many(caller, GROUP, acks)
+        await self.conn.drain()
+
+    async def _basic_get(self, method: commands.Basic.Get) -> None:
+        vhost, processor, caller = self.conn.vhost, self.conn.processor, self.conn.caller
+        queue = vhost.queue(method.queue, self.conn.key, 60, 70)
+        if queue.is_stream:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, "basic.get is not supported by stream queues"
+            )
+        queue.last_used = asyncio.get_running_loop().time()
+        now = processor.clock.now_ms()
+        while True:
+            popped = await self.pop(queue.refs(vhost.namespace), 1, 0)
+            if not popped:
+                self.send(commands.Basic.GetEmpty())
+                return
+            stored = popped[0]
+            if self._expired(queue, stored, now):
+                await dead_letter(processor, caller, vhost, queue, stored, "expired")
+                continue
+            break
+        tag = self._next_tag
+        self._next_tag += 1
+        if method.no_ack:
+            await processor.ack(caller, GROUP, stored.receipt or "")
+        else:
+            self.unacked[tag] = Delivery(stored, queue, None)
+        exchange, routing_key, raw = delivery_content(stored)
+        remaining = await vhost.message_count(caller, queue)
+        self.send(
+            commands.Basic.GetOk(
+                delivery_tag=tag,
+                redelivered=stored.delivery_attempt > 1,
+                exchange=exchange,
+                routing_key=routing_key,
+                message_count=remaining,
+            )
+        )
+        self.conn.send_bytes(
+            content_frames(self.number, raw, stored.message.body, self.conn.frame_max)
+        )
+
+    # -- basic class: acknowledgements -----------------------------------------------
+
+    def _take(self, delivery_tag: int, multiple: bool, method_id: int) -> list[Delivery]:
+        if multiple:
+            tags = [t for t in self.unacked if delivery_tag == 0 or t <= delivery_tag]
+        elif delivery_tag in self.unacked:
+            tags = [delivery_tag]
+        else:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", 60, method_id
+            )
+        taken = [self.unacked.pop(t) for t in tags]
+        for delivery in taken:
+            if delivery.consumer is not None:
+                delivery.consumer.inflight -= 1
+        self._wake_consumers()
+        return taken
+
+    async def _basic_ack(self, method: commands.Basic.Ack) -> None:
+        if self._tx is not None:
+            self._take_check(method.delivery_tag, method.multiple, 80)
+            self._tx_acks.append((method.delivery_tag, method.multiple))
+            return
+        taken = self._take(method.delivery_tag, method.multiple, 80)
+        await self._ack(taken)
+
+    async def _ack_run(self, first: commands.Basic.Ack) -> None:
+        """Settle a run of consecutive acks with one durable write: a consumer acking
+        each message costs one group commit per run, not per message."""
+        taken = self._take(first.delivery_tag or 0, bool(first.multiple), 80)
+        try:
+            while self._inbox.items and isinstance(self._inbox.items[0], commands.Basic.Ack):
+                ack = await self._inbox.get()
+                assert isinstance(ack, commands.Basic.Ack)
+                taken += self._take(ack.delivery_tag or 0, bool(ack.multiple), 80)
+        finally:  # a bad tag later in the run still settles the good ones before it
+            await self._ack(taken)
+
+    def _take_check(self, delivery_tag: int, multiple: bool, method_id: int) -> None:
+        if not multiple and delivery_tag not in self.unacked:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", 60, method_id
+            )
+
+    async def _ack(self, taken: Sequence[Delivery]) -> None:
+        receipts = [d.stored.receipt for d in taken if d.stored.receipt is not None]
+        if len(receipts) == 1:
+            with contextlib.suppress(InvalidReceipt):  # purged or deleted meanwhile
+                await self.conn.processor.ack(self.conn.caller, GROUP, receipts[0])
+        elif receipts:
+            await self.conn.processor.ack_many(self.conn.caller, GROUP, receipts)
+
+    async def _basic_nack(self, method: commands.Basic.Nack) -> None:
+        taken = self._take(method.delivery_tag, method.multiple, 120)
+        await self._settle_rejected(taken, method.requeue)
+
+    async def _basic_reject(self, method: commands.Basic.Reject) -> None:
+        taken = self._take(method.delivery_tag or 0, False, 90)
+        await self._settle_rejected(taken, method.requeue)
+
+    async def _settle_rejected(self, taken: Sequence[Delivery], requeue: bool) -> None:
+        if requeue:
+            await self._requeue(taken)
+            return
+        for delivery in taken:
+            with contextlib.suppress(InvalidReceipt):
+                await dead_letter(
+                    self.conn.processor,
+                    self.conn.caller,
+                    self.conn.vhost,
+                    delivery.queue,
+                    delivery.stored,
+                    "rejected",
+                )
+
+    async def _basic_recover(self, method: commands.Basic.Recover) -> None:
+        taken = self._take(0, True, 110)
+        await self._requeue(taken)
+        self.send(commands.Basic.RecoverOk())
+
+    async def _basic_recover_async(self, method: commands.Basic.RecoverAsync) -> None:
+        await self._requeue(self._take(0, True, 100))
+
+    # -- basic class: publishing -----------------------------------------------------
+
+    async def _confirm_select(self, method: commands.Confirm.Select) -> None:
+        if self._tx is not None:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, "cannot switch from tx to confirm mode", 85, 10
+            )
+        self.publisher.confirm = True
+        if not method.nowait:
+            self.send(commands.Confirm.SelectOk())
+
+    async def _tx_select(self, method: commands.Tx.Select) -> None:
+        if self.publisher.confirm:
+            raise ChannelError(
+                errors.PRECONDITION_FAILED, "cannot switch from confirm to tx mode", 90, 10
+            )
+        if self._tx is None:
+            self._tx = []
+        self.send(commands.Tx.SelectOk())
+
+    async def _tx_commit(self, method: commands.Tx.Commit) -> None:
+        if self._tx is None:
+            raise ChannelError(errors.PRECONDITION_FAILED, "channel is not transactional", 90, 20)
+        publishes, self._tx = self._tx, []
+        acks, self._tx_acks = self._tx_acks, []
+        await self.publisher.publish(publishes)
+        for delivery_tag, multiple in acks:
+            await self._ack(self._take(delivery_tag, multiple, 80))
+        self.send(commands.Tx.CommitOk())
+
+    async def _tx_rollback(self, method: commands.Tx.Rollback) -> None:
+        if self._tx is None:
+            raise ChannelError(errors.PRECONDITION_FAILED, "channel is not transactional", 90, 30)
+        self._tx = []
+        self._tx_acks = []
+        self.send(commands.Tx.RollbackOk())
+
+    async def _publish_batch(self, batch: list[Publish]) -> None:
+        if self._tx is not None:
+            for publish in batch:
+                self.publisher.resolve(publish)  # unknown exchanges fail now, not at commit
+            self._tx.extend(batch)
+            return
+        await self.publisher.publish(batch)
+
+
+def _ids(method: MethodFrame) -> tuple[int, int]:
+    index = getattr(method, "index", 0)
+    return index >> 16, index & 0xFFFF
+
+
+_HANDLERS: Final[dict[type, Handler]] = {
+    commands.Channel.Close: Channel._channel_close,
+    commands.Channel.Flow: Channel._channel_flow,
+    commands.Channel.FlowOk: Channel._channel_flow_ok,
+    commands.Exchange.Declare: declarations.exchange_declare,
+    commands.Exchange.Delete: declarations.exchange_delete,
+    commands.Exchange.Bind: declarations.exchange_bind,
+    commands.Exchange.Unbind: declarations.exchange_bind,
+    commands.Queue.Declare: declarations.queue_declare,
+    commands.Queue.Bind: declarations.queue_bind,
+    commands.Queue.Unbind: declarations.queue_bind,
+    commands.Queue.Purge: declarations.queue_purge,
+    commands.Queue.Delete: declarations.queue_delete,
+    commands.Basic.Qos: Channel._basic_qos,
+    commands.Basic.Consume: Channel._basic_consume,
+    commands.Basic.Cancel: Channel._basic_cancel,
+    commands.Basic.Get: Channel._basic_get,
+    commands.Basic.Ack: Channel._basic_ack,
+    commands.Basic.Nack: Channel._basic_nack,
+    commands.Basic.Reject: Channel._basic_reject,
+    commands.Basic.Recover: Channel._basic_recover,
+    commands.Basic.RecoverAsync: Channel._basic_recover_async,
+    commands.Confirm.Select: Channel._confirm_select,
+    commands.Tx.Select: Channel._tx_select,
+    commands.Tx.Commit: Channel._tx_commit,
+    commands.Tx.Rollback: Channel._tx_rollback,
+}

@@ -1,0 +1,527 @@
+"""One AMQP connection: handshake, channel 0, heartbeats, and the frame loop that
+feeds the channels (spec sections 2.2.4, 4.2).
+
+Reading is the only loop here: bytes become frames (:mod:`protocols.amqp.codec`), frames
+on channel 0 drive the connection's state table, frames on other channels go to their
+:class:`~protocols.amqp.channel.Channel`. Writes go straight to the transport; whoever
+writes a burst awaits :meth:`AmqpConnection.drain` so a slow peer pushes back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+from collections.abc import Coroutine
+from typing import Any, Final
+
+from pamqp import commands, decode
+from pamqp.base import Frame as MethodFrame
+from pamqp.heartbeat import Heartbeat
+
+from gateway.accounts import AuthError
+from gateway.connections import current_connection_id
+from gateway.listeners import ListenerContext
+from gateway.processor import Caller
+from protocols.amqp import errors
+from protocols.amqp._state import CONNECTION_ACCEPTS, ConnectionState
+from protocols.amqp.channel import Channel
+from protocols.amqp.codec import (
+    HEARTBEAT_BYTES,
+    PROTOCOL_HEADER,
+    FrameError,
+    FrameReader,
+    ProtocolHeaderError,
+    method_frame,
+)
+from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.vhost import VirtualHost, VirtualHosts
+from storage.errors import StorageError
+
+__all__ = ["AmqpConnection"]
+
+log = logging.getLogger(__name__)
+
+_HANDSHAKE_TIMEOUT_S: Final = 10.0
+_CLOSE_OK_TIMEOUT_S: Final = 1.0
+_MIN_FRAME_MAX: Final = 4096  # spec: frame-min-size
+_BLOCKED_AFTER_S: Final = 1.0
+
+SERVER_CAPABILITIES: Final = {
+    "publisher_confirms": True,
+    "exchange_exchange_bindings": True,
+    "basic.nack": True,
+    "consumer_cancel_notify": True,
+    "connection.blocked": True,
+    "consumer_priorities": False,
+    "authentication_failure_close": True,
+    "per_consumer_qos": True,
+    "direct_reply_to": True,
+}
+
+
+class _Closed(Exception):
+    """The connection is finished; unwind the reader."""
+
+
+class AmqpConnection:
+    def __init__(
+        self,
+        context: ListenerContext,
+        vhosts: VirtualHosts,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self._context = context
+        self._vhosts = vhosts
+        self._reader = reader
+        self._writer = writer
+        self.processor = context.processor
+        config = context.config.amqp
+        self._hard_max = context.config.limits.max_frame_bytes
+        self.frame_max = (
+            min(config.frame_max, self._hard_max) if config.frame_max else self._hard_max
+        )
+        self.max_message_bytes = context.config.limits.max_frame_bytes
+        self._channel_max = config.channel_max
+        self._heartbeat_s = config.heartbeat_s
+        self._frames = FrameReader(frame_max=self.frame_max, hard_max=self._hard_max)
+        self._state = ConnectionState.AWAIT_START_OK
+        self.channels: dict[int, Channel] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._caller: Caller | None = None
+        self._vhost: VirtualHost | None = None
+        self._mechanism = "PLAIN"
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._connection_id = current_connection_id()
+        # Exclusive queues belong to this key; unique even without a registry id.
+        self.key = f"{self._connection_id}:{id(self)}"
+        self._closing = asyncio.Event()
+        self._blocked_capable = False
+
+    @property
+    def caller(self) -> Caller:
+        assert self._caller is not None
+        return self._caller
+
+    @property
+    def vhost(self) -> VirtualHost:
+        assert self._vhost is not None
+        return self._vhost
+
+    @property
+    def namespace(self) -> str:
+        return self.caller.namespace
+
+    # -- writing ---------------------------------------------------------------------
+
+    def send_bytes(self, data: bytes) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(data)
+
+    def send_frame(self, channel: int, method: MethodFrame) -> None:
+        self.send_bytes(method_frame(channel, method))
+
+    async def drain(self) -> None:
+        if not self._writer.is_closing():
+            await self._writer.drain()
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # -- errors ----------------------------------------------------------------------
+
+    def fail(self, error: AmqpError) -> None:
+        """A hard error: connection.close with its code; the reader waits for close-ok
+        (briefly) and ends the connection."""
+        if self._state is ConnectionState.CLOSING:
+            return
+        log.info("amqp: closing connection: %s", error.reply_text)
+        self._state = ConnectionState.CLOSING
+        self.send_frame(
+            0,
+            commands.Connection.Close(
+                reply_code=error.code,
+                reply_text=error.reply_text,
+                class_id=error.class_id,
+                method_id=error.method_id,
+            ),
+        )
+        for channel in self.channels.values():
+            channel.begin_close()
+        self._closing.set()
+
+    def fail_channel(self, channel: Channel, error: AmqpError) -> None:
+        """A soft error: channel.close; its unacked messages go back now."""
+        if isinstance(error, ConnectionError_) or not isinstance(error, ChannelError):
+            self.fail(error)
+            return
+        if channel.state.name == "CLOSING":
+            return
+        channel.begin_close()
+        channel.send(
+            commands.Channel.Close(
+                reply_code=error.code,
+                reply_text=error.reply_text,
+                class_id=error.class_id,
+                method_id=error.method_id,
+            )
+        )
+        self.spawn(channel.teardown())
+
+    def forget_channel(self, channel: Channel) -> None:
+        channel.closed = True
+        if self.channels.get(channel.number) is channel:
+            del self.channels[channel.number]
+
+    # -- the loop --------------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        finally:
+            await self._cleanup()
+
+    async def _serve(self) -> None:
+        try:
+            async with asyncio.timeout(_HANDSHAKE_TIMEOUT_S):
+                await self._read_protocol_header()
+        except (TimeoutError, _Closed):
+            return
+        except ProtocolHeaderError:
+            self.send_bytes(PROTOCOL_HEADER)  # section 4.2.2: say what we speak, close
+            return
+        self.send_frame(
+            0,
+            commands.Connection.Start(
+                version_major=0,
+                version_minor=9,
+                server_properties={
+                    "product": "polymq",
+                    "version": "0.1",
+                    "platform": "Python/asyncio",
+                    "cluster_name": "polymq",
+                    "copyright": "polymq authors",
+                    "information": "AMQP 0-9-1 over polymq storage",
+                    "capabilities": dict(SERVER_CAPABILITIES),
+                },
+                mechanisms="PLAIN AMQPLAIN",
+                locales="en_US",
+            ),
+        )
+        try:
+            await self._frame_loop()
+        except _Closed:
+            return
+
+    async def _read_protocol_header(self) -> None:
+        while True:
+            data = await self._reader.read(8)
+            if not data:
+                raise _Closed
+            self._frames.receive_data(data)
+            frame = self._frames.next_frame()
+            if frame is not None:
+                return
+
+    async def _frame_loop(self) -> None:
+        while True:
+            data = await self._read()
+            if not data:  # the peer hung up: still handle what it sent before
+                await self._close_channels(flush=True)
+                return
+            self._frames.receive_data(data)
+            while True:
+                try:
+                    frame = self._frames.next_frame()
+                    if frame is None:
+                        break
+                    await self._dispatch(frame.channel, frame.value)
+                except FrameError as e:
+                    self.fail(ConnectionError_(errors.FRAME_ERROR, str(e)))
+                    await self._await_close_ok()
+                    return
+                except ProtocolHeaderError as e:
+                    self.fail(ConnectionError_(errors.FRAME_ERROR, str(e)))
+                    await self._await_close_ok()
+                    return
+                except AmqpError as e:
+                    self.fail(e)
+                except AuthError as e:  # e.g. the vhost's namespace refused mid-way
+                    self.fail(ConnectionError_(errors.ACCESS_REFUSED, str(e)))
+                except StorageError as e:
+                    log.warning("amqp: storage failed under connection %s: %s", self.key, e)
+                    self.fail(ConnectionError_(errors.INTERNAL_ERROR, str(e)))
+                if self._closing.is_set():
+                    await self._await_close_ok()
+                    return
+            await self.drain()
+
+    async def _read(self) -> bytes:
+        timeout: float | None = self._heartbeat_s * 2 if self._heartbeat_s else None
+        if self._state in (
+            ConnectionState.AWAIT_START_OK,
+            ConnectionState.AWAIT_TUNE_OK,
+            ConnectionState.AWAIT_OPEN,
+        ):
+            timeout = _HANDSHAKE_TIMEOUT_S
+        reading = self._reader.read(1 << 16)
+        closing = asyncio.ensure_future(self._closing.wait())
+        read_task = asyncio.ensure_future(reading)
+        try:
+            done, _ = await asyncio.wait(
+                {read_task, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            closing.cancel()
+        if read_task in done:
+            try:
+                return read_task.result()
+            except ConnectionError:
+                return b""  # reset by the peer: as a hang-up
+        read_task.cancel()
+        await asyncio.gather(read_task, return_exceptions=True)  # one reader at a time
+        if closing in done:
+            await self._await_close_ok()
+            raise _Closed
+        log.info("amqp: missed heartbeats, closing connection %s", self.key)
+        raise _Closed
+
+    async def _await_close_ok(self) -> None:
+        """After our connection.close: wait briefly for close-ok, reading nothing
+        else, then the socket closes."""
+        await self.drain()
+        try:
+            async with asyncio.timeout(_CLOSE_OK_TIMEOUT_S):
+                while True:
+                    data = await self._reader.read(1 << 16)
+                    if not data:
+                        return
+                    self._frames.receive_data(data)
+                    while (frame := self._frames.next_frame()) is not None:
+                        if isinstance(frame.value, commands.Connection.CloseOk):
+                            return
+                        if isinstance(frame.value, commands.Connection.Close):
+                            self.send_frame(0, commands.Connection.CloseOk())  # both closed
+                            await self.drain()
+                            return
+        except (TimeoutError, FrameError, ProtocolHeaderError, ConnectionError):
+            return
+
+    async def _dispatch(self, number: int, value: object) -> None:
+        if isinstance(value, Heartbeat):
+            return
+        if number == 0:
+            if not isinstance(value, MethodFrame):
+                raise ConnectionError_(errors.UNEXPECTED_FRAME, "content frame on channel 0")
+            await self._connection_method(value)
+            return
+        if self._state is not ConnectionState.OPEN:
+            if self._state is ConnectionState.CLOSING:
+                return
+            raise ConnectionError_(errors.CHANNEL_ERROR, f"channel {number} before connection.open")
+        channel = self.channels.get(number)
+        if isinstance(value, commands.Channel.Open):
+            if channel is not None:
+                raise ConnectionError_(
+                    errors.CHANNEL_ERROR, f"channel {number} is already open", 20, 10
+                )
+            if number > self._channel_max:
+                raise ConnectionError_(
+                    errors.NOT_ALLOWED, f"channel {number} above channel_max", 20, 10
+                )
+            self.channels[number] = Channel(self, number)
+            self.send_frame(number, commands.Channel.OpenOk())
+            return
+        if channel is None:
+            if isinstance(value, commands.Channel.CloseOk):
+                return
+            raise ConnectionError_(
+                errors.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}"
+            )
+        channel.on_frame(value)
+        if not channel.space.is_set():
+            await self._wait_for_space(channel)
+
+    async def _wait_for_space(self, channel: Channel) -> None:
+        """Stop reading while a channel's backlog drains. If that takes a while, tell
+        clients that understand it (RabbitMQ's connection.blocked) why they stall."""
+        try:
+            async with asyncio.timeout(_BLOCKED_AFTER_S):
+                await channel.space.wait()
+                return
+        except TimeoutError:
+            pass
+        if self._blocked_capable:
+            self.send_frame(0, commands.Connection.Blocked(reason="polymq: storage is behind"))
+        await channel.space.wait()
+        if self._blocked_capable:
+            self.send_frame(0, commands.Connection.Unblocked())
+
+    # -- channel 0 -------------------------------------------------------------------
+
+    async def _connection_method(self, method: MethodFrame) -> None:
+        accepted = CONNECTION_ACCEPTS[self._state]
+        following = accepted.get(type(method))
+        if following is None:
+            if self._state is ConnectionState.CLOSING:
+                return
+            raise ConnectionError_(
+                errors.COMMAND_INVALID
+                if self._state is ConnectionState.OPEN
+                else errors.CHANNEL_ERROR,
+                f"unexpected {method.name} on channel 0",
+                method.index >> 16,
+                method.index & 0xFFFF,
+            )
+        if isinstance(method, commands.Connection.StartOk):
+            self._start_ok(method)
+        elif isinstance(method, commands.Connection.TuneOk):
+            self._tune_ok(method)
+        elif isinstance(method, commands.Connection.Open):
+            await self._open(method)
+        elif isinstance(method, commands.Connection.Close):
+            await self._close_channels(flush=True)
+            self.send_frame(0, commands.Connection.CloseOk())
+            await self.drain()
+            raise _Closed
+        elif isinstance(method, commands.Connection.CloseOk):
+            raise _Closed
+        elif isinstance(method, commands.Connection.UpdateSecret):
+            self.send_frame(0, commands.Connection.UpdateSecretOk())
+        self._state = following
+
+    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+        mechanism = method.mechanism
+        response = method.response
+        raw = response.encode() if isinstance(response, str) else bytes(response or b"")
+        user, password = _credentials(mechanism, raw)
+        try:
+            principal = self._context.accounts.authenticate(user, password)
+        except AuthError as e:
+            raise ConnectionError_(
+                errors.ACCESS_REFUSED,
+                f"Login was refused using authentication mechanism {mechanism}."
+                " For details see the broker logfile.",
+                10,
+                11,
+            ) from e
+        client = method.client_properties or {}
+        capabilities = client.get("capabilities")
+        self._blocked_capable = isinstance(capabilities, dict) and bool(
+            capabilities.get("connection.blocked")
+        )
+        name = client.get("connection_name") or client.get("product")
+        self._caller = Caller(
+            principal=principal,
+            namespace=principal.default_namespace,
+            protocol="amqp",
+            connection_id=self._connection_id,
+            client_id=str(name) if name else None,
+        )
+        self.send_frame(
+            0,
+            commands.Connection.Tune(
+                channel_max=self._channel_max,
+                frame_max=self.frame_max,
+                heartbeat=self._heartbeat_s,
+            ),
+        )
+
+    def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
+        if method.frame_max:
+            if method.frame_max < _MIN_FRAME_MAX:
+                raise ConnectionError_(errors.NOT_ALLOWED, "frame_max below 4096", 10, 31)
+            self.frame_max = min(self.frame_max, method.frame_max)
+        self._frames.frame_max = self.frame_max
+        if method.channel_max:
+            self._channel_max = min(self._channel_max, method.channel_max) or self._channel_max
+        self._heartbeat_s = method.heartbeat
+        if self._heartbeat_s:
+            self._heartbeat_task = asyncio.create_task(self._send_heartbeats())
+
+    async def _open(self, method: commands.Connection.Open) -> None:
+        caller = self.caller
+        vhost = method.virtual_host or "/"
+        namespace = caller.principal.default_namespace if vhost == "/" else vhost
+        if not caller.principal.may_use(namespace):
+            raise ConnectionError_(
+                errors.NOT_ALLOWED,
+                f"access to vhost '{vhost}' refused for user '{caller.principal.name}'",
+                10,
+                40,
+            )
+        if namespace not in await self.processor.list_namespaces(caller):
+            raise ConnectionError_(errors.NOT_ALLOWED, f"vhost '{vhost}' not found", 10, 40)
+        self._caller = Caller(
+            principal=caller.principal,
+            namespace=namespace,
+            protocol="amqp",
+            connection_id=caller.connection_id,
+            client_id=caller.client_id,
+        )
+        self._vhost = await self._vhosts.get(self._caller)
+        if self._connection_id is not None:
+            self._context.connections.identify(
+                self._connection_id,
+                principal=caller.principal,
+                namespace=namespace,
+                client_id=caller.client_id,
+            )
+        self.send_frame(0, commands.Connection.OpenOk())
+
+    async def _send_heartbeats(self) -> None:
+        interval = max(1.0, self._heartbeat_s / 2)
+        while not self._writer.is_closing():
+            await asyncio.sleep(interval)
+            self.send_bytes(HEARTBEAT_BYTES)
+
+    # -- cleanup ---------------------------------------------------------------------
+
+    async def _close_channels(self, *, flush: bool = False) -> None:
+        channels = list(self.channels.values())
+        if flush:
+            for channel in channels:
+                await channel.flush()
+        self.channels.clear()
+        for channel in channels:
+            await channel.teardown()
+
+    async def _cleanup(self) -> None:
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+        try:
+            await self._close_channels()
+            if self._vhost is not None and self._caller is not None:
+                await self._vhost.release_owner(self._caller, self.key)
+            if self._tasks:
+                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+        except Exception:
+            log.exception("amqp: cleanup of connection %s failed", self.key)
+
+
+def _credentials(mechanism: str, response: bytes) -> tuple[str | None, str | None]:
+    """User and password from a PLAIN (``\\0user\\0password``) or AMQPLAIN (a field
+    table without its length prefix, keys LOGIN and PASSWORD) response."""
+    if mechanism == "PLAIN":
+        parts = response.split(b"\0")
+        if len(parts) != 3:
+            return None, None
+        return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
+    if mechanism == "AMQPLAIN":
+        try:
+            _, table = decode.field_table(struct.pack(">I", len(response)) + response)
+        except (ValueError, struct.error, IndexError):
+            return None, None
+        return _text(table.get("LOGIN")), _text(table.get("PASSWORD"))
+    return None, None
+
+
+def _text(value: object) -> str | None:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes | bytearray):
+        return bytes(value).decode(errors="replace")
+    return None

@@ -1,0 +1,123 @@
+"""Consumers (basic.consume): one task each, fetching while the consumer has credit
+and handing what it got to its channel to deliver."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from pamqp import commands
+
+from protocols.amqp import errors
+from protocols.amqp.errors import AmqpError, ConnectionError_
+from protocols.amqp.vhost import QueueDef
+from storage.model import StoredMessage
+
+if TYPE_CHECKING:
+    from protocols.amqp.channel import Channel
+
+__all__ = ["INVISIBLE_MS", "POP_BATCH", "POP_WAIT_MS", "Consumer", "Delivery"]
+
+log = logging.getLogger(__name__)
+
+# An unacked delivery is leased to its channel: invisible to other consumers this long,
+# renewed while the channel lives, given back at once when it closes. If the gateway
+# dies, the lease runs out and the message comes back (redelivered) within a minute.
+INVISIBLE_MS: Final = 60_000
+POP_WAIT_MS: Final = 5_000
+POP_BATCH: Final = 250
+UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
+
+
+@dataclass(slots=True, eq=False)
+class Delivery:
+    stored: StoredMessage
+    queue: QueueDef
+    consumer: Consumer | None
+
+
+class Consumer:
+    """A basic.consume: a task popping from the queue while it has credit."""
+
+    def __init__(
+        self,
+        channel: Channel,
+        *,
+        tag: str,
+        queue: QueueDef,
+        no_ack: bool,
+        exclusive: bool,
+        prefetch: int,
+    ) -> None:
+        self.channel = channel
+        self.tag = tag
+        self.queue = queue
+        self.no_ack = no_ack
+        self.exclusive = exclusive
+        self.prefetch = prefetch or UNLIMITED_PREFETCH
+        self.inflight = 0
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self.stream_offset: int | None = None  # set for consumers of stream queues
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run(), name=f"amqp-consumer-{self.tag}")
+
+    def credit(self) -> int:
+        return self.channel.credit(self)
+
+    async def _run(self) -> None:
+        channel = self.channel
+        try:
+            while True:
+                credit = self.credit()
+                if credit <= 0:
+                    self.wakeup.clear()
+                    await self.wakeup.wait()
+                    continue
+                await self._take_turn(min(credit, POP_BATCH))
+        except asyncio.CancelledError:
+            raise
+        except AmqpError as e:
+            channel.conn.fail_channel(channel, e)
+        except Exception as e:
+            log.exception("amqp consumer %s failed", self.tag)
+            channel.conn.fail(ConnectionError_(errors.INTERNAL_ERROR, str(e)))
+
+    async def _take_turn(self, credit: int) -> None:
+        """Fetch and deliver up to ``credit`` messages. The credit is reserved on the
+        channel meanwhile (a global prefetch is shared by its consumers), but a long
+        poll on an empty queue holds only one unit of it."""
+        channel = self.channel
+        channel.reserved += credit
+        try:
+            messages = await self._fetch(credit, 0)
+            if not messages:
+                channel.reserved -= credit - 1
+                credit = 1
+                messages = await self._fetch(1, POP_WAIT_MS)
+            if messages:
+                await channel.deliver(self, messages)
+        finally:
+            channel.reserved -= credit
+
+    async def _fetch(self, count: int, wait_ms: int) -> list[StoredMessage]:
+        channel = self.channel
+        refs = self.queue.refs(channel.conn.namespace)
+        if self.stream_offset is None:
+            return await channel.pop(refs, count, wait_ms)
+        # A stream queue: read on from an offset; nothing is removed.
+        result = await channel.conn.processor.read(
+            channel.conn.caller, refs[0], self.stream_offset, max_messages=count, wait_ms=wait_ms
+        )
+        self.stream_offset = result.next_offset
+        return list(result.messages)
+
+    def queue_deleted(self) -> None:
+        """consumer_cancel_notify: the queue went away under the consumer."""
+        if self.task is not None:
+            self.task.cancel()
+        if self.channel.consumers.pop(self.tag, None) is not None:
+            self.channel.send(commands.Basic.Cancel(consumer_tag=self.tag, nowait=True))

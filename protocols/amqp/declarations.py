@@ -1,0 +1,142 @@
+"""The exchange and queue classes' methods (spec sections 1.6, 1.7): declarations,
+bindings, purge and delete, each answered on its channel."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pamqp import commands
+
+from protocols.amqp import errors
+from protocols.amqp.errors import ChannelError
+from protocols.amqp.routing import Binding
+from protocols.amqp.vhost import json_safe
+
+if TYPE_CHECKING:
+    from protocols.amqp.channel import Channel
+
+__all__ = [
+    "exchange_bind",
+    "exchange_declare",
+    "exchange_delete",
+    "queue_bind",
+    "queue_declare",
+    "queue_delete",
+    "queue_purge",
+]
+
+
+# -- exchange class --------------------------------------------------------------
+
+
+async def exchange_declare(channel: Channel, method: commands.Exchange.Declare) -> None:
+    await channel.conn.vhost.declare_exchange(
+        channel.conn.caller,
+        name=method.exchange,
+        type=method.exchange_type,
+        passive=method.passive,
+        durable=method.durable,
+        auto_delete=method.auto_delete,
+        internal=method.internal,
+        arguments=method.arguments or {},
+    )
+    if not method.nowait:
+        channel.send(commands.Exchange.DeclareOk())
+
+
+async def exchange_delete(channel: Channel, method: commands.Exchange.Delete) -> None:
+    await channel.conn.vhost.delete_exchange(
+        channel.conn.caller, method.exchange, if_unused=method.if_unused
+    )
+    if not method.nowait:
+        channel.send(commands.Exchange.DeleteOk())
+
+
+async def exchange_bind(
+    channel: Channel, method: commands.Exchange.Bind | commands.Exchange.Unbind
+) -> None:
+    binding = Binding(
+        source=method.source,
+        destination=method.destination,
+        routing_key=method.routing_key,
+        to_exchange=True,
+        arguments=_binding_arguments(method.arguments),
+    )
+    unbind = isinstance(method, commands.Exchange.Unbind)
+    await channel.conn.vhost.bind(
+        channel.conn.caller, binding, owner=channel.conn.key, unbind=unbind
+    )
+    if not method.nowait:
+        channel.send(commands.Exchange.UnbindOk() if unbind else commands.Exchange.BindOk())
+
+
+# -- queue class -----------------------------------------------------------------
+
+
+async def queue_declare(channel: Channel, method: commands.Queue.Declare) -> None:
+    vhost, caller = channel.conn.vhost, channel.conn.caller
+    arguments = dict(method.arguments or {})
+    if arguments.get("x-queue-type") not in (None, "classic", "quorum", "stream"):
+        raise ChannelError(
+            errors.PRECONDITION_FAILED,
+            f"x-queue-type {arguments['x-queue-type']!r} is not supported",
+        )
+    queue = await vhost.declare_queue(
+        caller,
+        name=method.queue,
+        owner=channel.conn.key,
+        passive=method.passive,
+        durable=method.durable,
+        exclusive=method.exclusive,
+        auto_delete=method.auto_delete,
+        arguments=arguments,
+    )
+    if not method.nowait:
+        count = await vhost.message_count(caller, queue)
+        channel.send(
+            commands.Queue.DeclareOk(
+                queue=queue.name, message_count=count, consumer_count=len(queue.consumers)
+            )
+        )
+
+
+async def queue_bind(channel: Channel, method: commands.Queue.Bind | commands.Queue.Unbind) -> None:
+    queue = method.queue
+    binding = Binding(
+        source=method.exchange,
+        destination=queue,
+        routing_key=method.routing_key,
+        arguments=_binding_arguments(method.arguments),
+    )
+    unbind = isinstance(method, commands.Queue.Unbind)
+    await channel.conn.vhost.bind(
+        channel.conn.caller, binding, owner=channel.conn.key, unbind=unbind
+    )
+    if unbind:
+        channel.send(commands.Queue.UnbindOk())
+    elif not getattr(method, "nowait", False):
+        channel.send(commands.Queue.BindOk())
+
+
+async def queue_purge(channel: Channel, method: commands.Queue.Purge) -> None:
+    vhost = channel.conn.vhost
+    queue = vhost.queue(method.queue, channel.conn.key, 50, 30)
+    count = await vhost.purge(channel.conn.caller, queue)
+    if not method.nowait:
+        channel.send(commands.Queue.PurgeOk(message_count=count))
+
+
+async def queue_delete(channel: Channel, method: commands.Queue.Delete) -> None:
+    count = await channel.conn.vhost.delete_queue(
+        channel.conn.caller,
+        method.queue,
+        owner=channel.conn.key,
+        if_unused=method.if_unused,
+        if_empty=method.if_empty,
+    )
+    if not method.nowait:
+        channel.send(commands.Queue.DeleteOk(message_count=count))
+
+
+def _binding_arguments(arguments: Any) -> tuple[tuple[str, Any], ...]:
+    return tuple(sorted((str(k), json_safe(v)) for k, v in (arguments or {}).items()))

@@ -1,0 +1,42 @@
+"""The AMQP 0-9-1 listener: a TCP server whose connections speak AMQP."""
+
+from __future__ import annotations
+
+import asyncio
+
+from gateway.listeners import Listener, ListenerContext, TcpListener
+from protocols.amqp.connection import AmqpConnection
+from protocols.amqp.vhost import VirtualHosts
+
+__all__ = ["AmqpListener", "amqp_listener"]
+
+
+class AmqpListener(TcpListener):
+    """A :class:`TcpListener` whose stop also ends the vhosts' background work
+    (``x-expires`` timers, TTL sweepers)."""
+
+    def __init__(self, context: ListenerContext) -> None:
+        self._vhosts = VirtualHosts(context.processor)
+        vhosts = self._vhosts
+
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await AmqpConnection(context, vhosts, reader, writer).run()
+
+        super().__init__(
+            name=context.name,
+            host=context.host,
+            port=context.port,
+            handler=handle,
+            connections=context.connections,
+            protocol="amqp",
+        )
+
+    async def stop(self) -> None:
+        try:
+            await super().stop()
+        finally:
+            await self._vhosts.close()
+
+
+def amqp_listener(context: ListenerContext) -> Listener:
+    return AmqpListener(context)

@@ -1,0 +1,140 @@
+"""AMQP content (basic properties, routing) to the abstract :class:`Message` and back.
+
+The properties arrive as a content header; their raw bytes are stored whole under
+:data:`RAW_PROPERTIES`, so an AMQP consumer gets back exactly what the publisher sent,
+every field-table type included, without re-encoding. The fields other protocols
+understand are also mapped onto the model (content type, correlation id, reply-to,
+string headers as properties) following :mod:`protocols.interop`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import struct
+from typing import Any, Final
+
+from pamqp import commands, header
+
+from protocols import interop
+from storage.model import Message, StoredMessage
+
+__all__ = [
+    "RAW_PROPERTIES",
+    "decode_properties",
+    "delivery_content",
+    "encode_properties",
+    "to_message",
+    "with_header",
+]
+
+RAW_PROPERTIES: Final = interop.AMQP_PROPERTIES
+_SKIP_ON_DELIVERY: Final = interop.RESERVED
+_CONTENT_PREFIX: Final = struct.pack(">HHQ", 60, 0, 0)
+
+
+def decode_properties(raw: bytes) -> commands.Basic.Properties:
+    content = header.ContentHeader()
+    content.unmarshal(_CONTENT_PREFIX + raw)
+    properties: commands.Basic.Properties = content.properties
+    return properties
+
+
+def with_header(raw: bytes, name: str, value: Any) -> bytes:
+    """``raw`` properties with one header set (x-stream-offset on stream deliveries)."""
+    properties = decode_properties(raw)
+    properties.headers = {**(properties.headers or {}), name: value}
+    return encode_properties(properties)
+
+
+def encode_properties(properties: commands.Basic.Properties) -> bytes:
+    return bytes(properties.marshal())
+
+
+def _header_bytes(value: Any) -> bytes | None:
+    if isinstance(value, str):
+        return value.encode()
+    if isinstance(value, bytes | bytearray):
+        return bytes(value)
+    if isinstance(value, bool | int | float):
+        return str(value).encode()
+    return None  # tables, arrays, timestamps: only in the raw properties
+
+
+def to_message(
+    *,
+    exchange: str,
+    routing_key: str,
+    properties: commands.Basic.Properties,
+    raw_properties: bytes,
+    body: bytes,
+) -> Message:
+    pairs: list[tuple[str, bytes]] = [
+        (interop.AMQP_EXCHANGE, exchange.encode()),
+        (interop.AMQP_ROUTING_KEY, routing_key.encode()),
+        (RAW_PROPERTIES, raw_properties),
+    ]
+    for name, value in (properties.headers or {}).items():
+        encoded = _header_bytes(value)
+        if encoded is not None and name not in interop.RESERVED:
+            pairs.append((name, encoded))
+    timestamp = properties.timestamp
+    born_ms = (
+        int(timestamp.timestamp() * 1000) if isinstance(timestamp, datetime.datetime) else None
+    )
+    return Message(
+        body=body,
+        key=routing_key.encode() if routing_key else None,
+        properties=tuple(pairs),
+        content_type=properties.content_type or None,
+        correlation_id=properties.correlation_id.encode() if properties.correlation_id else None,
+        reply_to=properties.reply_to or None,
+        born_timestamp_ms=born_ms,
+    )
+
+
+def delivery_content(stored: StoredMessage) -> tuple[str, str, bytes]:
+    """(exchange, routing key, raw properties) to deliver ``stored`` with."""
+    message = stored.message
+    exchange = message.property(interop.AMQP_EXCHANGE)
+    routing_key = message.property(interop.AMQP_ROUTING_KEY)
+    raw = message.property(RAW_PROPERTIES)
+    if raw is None:
+        raw = encode_properties(_foreign_properties(message))
+    return (
+        exchange.decode(errors="replace") if exchange is not None else "",
+        routing_key.decode(errors="replace") if routing_key is not None else stored.queue.topic,
+        raw,
+    )
+
+
+def _foreign_properties(message: Message) -> commands.Basic.Properties:
+    """Properties for a message produced through another protocol."""
+    headers: dict[str, Any] = {}
+    for name, value in message.properties:
+        if name in _SKIP_ON_DELIVERY:
+            continue
+        try:
+            headers[name] = value.decode()
+        except UnicodeDecodeError:
+            headers[name] = bytearray(value)
+    for name, field in (
+        (interop.KEY, message.key),
+        (interop.TAG, message.tag.encode() if message.tag else None),
+        (interop.MESSAGE_GROUP, message.message_group.encode() if message.message_group else None),
+    ):
+        if field is not None:
+            headers[name] = field.decode(errors="replace")
+    timestamp = (
+        datetime.datetime.fromtimestamp(message.born_timestamp_ms / 1000, datetime.UTC)
+        if message.born_timestamp_ms
+        else None
+    )
+    return commands.Basic.Properties(
+        content_type=message.content_type,
+        headers=headers or None,
+        correlation_id=(
+            message.correlation_id.decode(errors="replace") if message.correlation_id else None
+        ),
+        reply_to=message.reply_to,
+        timestamp=timestamp,
+    )

@@ -1,0 +1,221 @@
+"""basic.publish: routing a run of publishes, storing it with one append, and the
+returns and confirms that follow, in publish order."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Final
+
+from pamqp import commands
+
+from protocols import interop
+from protocols.amqp import errors
+from protocols.amqp.codec import ContentHeaderFrame, content_frames, method_frame
+from protocols.amqp.consumer import INVISIBLE_MS
+from protocols.amqp.dead_letter import dead_letter
+from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.properties import encode_properties, to_message
+from protocols.amqp.vhost import GROUP, QueueDef
+from storage.model import AppendRequest, Message, QueueRef
+
+if TYPE_CHECKING:
+    from protocols.amqp.channel import Channel
+    from protocols.amqp.connection import AmqpConnection
+
+__all__ = ["EXPIRES_AT", "REPLY_TO", "Publish", "Publisher"]
+
+REPLY_TO: Final = "amq.rabbitmq.reply-to"
+EXPIRES_AT: Final = interop.AMQP_EXPIRES_AT
+
+
+@dataclass(slots=True)
+class Publish:
+    """A basic.publish with its content, as the channel assembled it."""
+
+    method: commands.Basic.Publish
+    header: ContentHeaderFrame | None = None
+    chunks: list[bytes] = field(default_factory=list)
+    received: int = 0
+
+
+class Publisher:
+    """A channel's publishing side; ``confirm`` once confirm.select was received."""
+
+    def __init__(self, channel: Channel) -> None:
+        self._channel = channel
+        self.confirm = False
+        self.seq = 0  # the last publish's confirm sequence number
+
+    @property
+    def _conn(self) -> AmqpConnection:
+        return self._channel.conn
+
+    def resolve(self, publish: Publish) -> None:
+        if publish.method.immediate:  # RabbitMQ dropped it in 3.0, with this error
+            raise ConnectionError_(errors.NOT_IMPLEMENTED, "immediate=true", 60, 40)
+        exchange = self._conn.vhost.exchange(publish.method.exchange, 60, 40)
+        if exchange.internal:
+            raise ChannelError(
+                errors.ACCESS_REFUSED,
+                f"cannot publish to internal exchange '{exchange.name}'",
+                60,
+                40,
+            )
+
+    async def publish(self, batch: list[Publish]) -> None:
+        """Route and store a run of publishes with one append, then send returns and
+        confirms in publish order. A publish that fails (unknown exchange) first lets
+        the ones before it complete, as if they had been handled one by one."""
+        processor, caller = self._conn.processor, self._conn.caller
+        requests: list[AppendRequest] = []
+        # Per publish: its confirm sequence number (0 without confirms), a basic.return
+        # to send before the confirm (if unroutable and mandatory), and ack or nack.
+        outcomes: list[tuple[int, bytes | None, bool]] = []
+        drop_heads: dict[str, QueueDef] = {}
+        # Messages this run adds to each length-limited queue, not yet stored.
+        added: dict[str, int] = {}
+        failure: AmqpError | None = None
+        now = processor.clock.now_ms()
+        for publish in batch:
+            seq = 0
+            if self.confirm:
+                self.seq += 1
+                seq = self.seq
+            try:
+                self.resolve(publish)
+                request, returned, accepted, heads = await self._prepare(publish, now, added)
+            except AmqpError as e:
+                failure = e
+                break
+            if request is not None:
+                requests.append(request)
+            drop_heads.update((queue.name, queue) for queue in heads)
+            outcomes.append((seq, returned, accepted))
+        if requests:
+            await processor.append(caller, requests)
+        for queue in drop_heads.values():
+            await self._drop_head(queue)
+        if outcomes:
+            self._send_outcomes(outcomes)
+        if failure is not None:
+            raise failure
+
+    def _send_outcomes(self, outcomes: list[tuple[int, bytes | None, bool]]) -> None:
+        out: list[bytes] = []
+        for _, returned, _ in outcomes:
+            if returned is not None:
+                out.append(returned)
+        if self.confirm:
+            seqs = [seq for seq, _, _ in outcomes]
+            if all(accepted for _, _, accepted in outcomes):
+                last = seqs[-1]
+                out.append(
+                    method_frame(
+                        self._channel.number,
+                        commands.Basic.Ack(delivery_tag=last, multiple=len(seqs) > 1),
+                    )
+                )
+            else:
+                for seq, _, accepted in outcomes:
+                    confirm = commands.Basic.Ack if accepted else commands.Basic.Nack
+                    out.append(method_frame(self._channel.number, confirm(delivery_tag=seq)))
+        if out:
+            self._conn.send_bytes(b"".join(out))
+
+    async def _prepare(
+        self, publish: Publish, now: int, added: dict[str, int]
+    ) -> tuple[AppendRequest | None, bytes | None, bool, list[QueueDef]]:
+        vhost = self._conn.vhost
+        method, header = publish.method, publish.header
+        assert header is not None
+        body = b"".join(publish.chunks)
+        properties, raw = header.properties, header.raw_properties
+        routing_key = method.routing_key
+        exchange = vhost.exchanges[method.exchange]
+        if properties.reply_to == REPLY_TO:
+            if self._channel.reply_token is None:
+                raise ChannelError(
+                    errors.PRECONDITION_FAILED, "fast reply consumer does not exist", 60, 40
+                )
+            properties.reply_to = f"{REPLY_TO}.{self._channel.reply_token}"
+            raw = encode_properties(properties)
+        if exchange.name == "" and routing_key.startswith(REPLY_TO + "."):
+            sink = vhost.reply_to.get(routing_key[len(REPLY_TO) + 1 :])
+            if sink is not None:
+                sink(routing_key, raw, body)
+                return None, None, True, []
+            return None, self._return_frames(method, raw, body), True, []
+        names = list(vhost.route(exchange, routing_key, properties.headers))
+        accepted = True
+        heads: list[QueueDef] = []
+        targets: list[QueueRef] = []
+        for name in names:
+            queue = vhost.queues[name]
+            limit = queue.int_argument("x-max-length")
+            if limit is not None:
+                count = await vhost.message_count(self._conn.caller, queue)
+                if count + added.get(name, 0) >= limit:
+                    if queue.arguments.get("x-overflow", "drop-head") != "drop-head":
+                        accepted = False
+                        continue
+                    heads.append(queue)
+                added[name] = added.get(name, 0) + 1
+            targets.append(queue.ref_for(vhost.namespace, properties.priority))
+        if not targets:
+            returned = (
+                self._return_frames(method, raw, body) if method.mandatory and not names else None
+            )
+            return None, returned, accepted, heads
+        message = to_message(
+            exchange=exchange.name,
+            routing_key=routing_key,
+            properties=properties,
+            raw_properties=raw,
+            body=body,
+        )
+        if properties.expiration:
+            try:
+                ttl = max(0, int(properties.expiration))
+            except ValueError as e:
+                raise ChannelError(
+                    errors.PRECONDITION_FAILED,
+                    f"invalid expiration '{properties.expiration}'",
+                    60,
+                    40,
+                ) from e
+            message = _with_property(message, EXPIRES_AT, str(now + ttl).encode())
+        return AppendRequest(entry=message, queues=tuple(targets)), None, accepted, heads
+
+    def _return_frames(self, method: commands.Basic.Publish, raw: bytes, body: bytes) -> bytes:
+        returned = commands.Basic.Return(
+            reply_code=errors.NO_ROUTE,
+            reply_text="NO_ROUTE",
+            exchange=method.exchange,
+            routing_key=method.routing_key,
+        )
+        return method_frame(self._channel.number, returned) + content_frames(
+            self._channel.number, raw, body, self._conn.frame_max
+        )
+
+    async def _drop_head(self, queue: QueueDef) -> None:
+        """x-max-length with drop-head: the oldest ready messages make room."""
+        vhost, caller = self._conn.vhost, self._conn.caller
+        limit = queue.int_argument("x-max-length") or 0
+        excess = await vhost.message_count(caller, queue) - limit
+        if excess <= 0:
+            return
+        refs = tuple(reversed(queue.refs(vhost.namespace)))  # lowest priority first
+        for ref in refs:
+            popped = await self._conn.processor.pop(
+                caller, GROUP, [ref], max_messages=excess, invisible_ms=INVISIBLE_MS
+            )
+            for stored in popped:
+                await dead_letter(self._conn.processor, caller, vhost, queue, stored, "maxlen")
+            excess -= len(popped)
+            if excess <= 0:
+                return
+
+
+def _with_property(message: Message, name: str, value: bytes) -> Message:
+    return dataclasses.replace(message, properties=(*message.properties, (name, value)))
