@@ -174,12 +174,16 @@ class Processor:
         max_messages: int = 32,
         max_bytes: int = 1 << 20,
         wait_ms: int = 0,
+        metered: bool = True,
     ) -> ReadResult:
+        """``metered=False`` for a look that delivers nothing (MNS PeekMessage, a
+        browser): it is not billed as messages out."""
         namespace = self._check_queues(caller, (queue,))
         result = await self._storage.read(
             queue, offset, max_messages=max_messages, max_bytes=max_bytes, wait_ms=wait_ms
         )
-        self._record_out(namespace, caller, result.messages)
+        if metered:
+            self._record_out(namespace, caller, result.messages)
         return result
 
     async def read_batches(
@@ -190,11 +194,15 @@ class Processor:
         *,
         max_bytes: int = 1 << 20,
         wait_ms: int = 0,
+        metered: bool = True,
     ) -> list[StoredBatch]:
+        """``metered``: as for :meth:`read`."""
         namespace = self._check_queues(caller, (queue,))
         batches = await self._storage.read_batches(
             queue, offset, max_bytes=max_bytes, wait_ms=wait_ms
         )
+        if not metered:
+            return batches
         messages = nbytes = 0
         for batch in batches:
             messages += batch.count
@@ -293,6 +301,14 @@ class Processor:
     async def pending_count(self, caller: Caller, group: str, queue: QueueRef) -> int:
         namespace = self._check_queues(caller, (queue,))
         return await self._storage.pending_count(namespace, group, queue)
+
+    async def consumed_below(self, caller: Caller, group: str, queue: QueueRef) -> int:
+        namespace = self._check_queues(caller, (queue,))
+        return await self._storage.consumed_below(namespace, group, queue)
+
+    async def delayed_count(self, caller: Caller, queue: QueueRef) -> int:
+        namespace = self._check_queues(caller, (queue,))
+        return await self._storage.delayed_count(namespace, queue)
 
     # -- transactions --------------------------------------------------------------
 

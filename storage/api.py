@@ -212,6 +212,18 @@ class StorageAPI(Protocol):
         """Messages of the queue not yet acked by the group (visible or not)."""
         ...
 
+    async def consumed_below(self, namespace: str, group: str, queue: QueueRef) -> int:
+        """The group's fully acked prefix of the queue: every offset below it is
+        consumed (the queue's earliest offset if the group never popped there). Where
+        a queue's one consumer group is all that reads it (an MNS queue), records below
+        this may be deleted."""
+        ...
+
+    async def delayed_count(self, namespace: str, queue: QueueRef) -> int:
+        """Messages appended to the queue with a future delivery time, not yet due
+        (they have no offset until then). Cancelled ones are not counted."""
+        ...
+
     # -- transactions --------------------------------------------------------------
 
     async def append_half(

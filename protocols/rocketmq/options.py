@@ -48,3 +48,9 @@ class RocketMQOptions:
     retry_backoff_s: tuple[int, ...] = DEFAULT_RETRY_BACKOFF_S
     # Producers' send attempts (the Settings' exponential backoff).
     producer_max_attempts: int = 3
+    # How far a request's signed x-mq-date-time may be from the server's clock. The
+    # Python client stamps its local time with a "Z", so the window spans every time
+    # zone (UTC-12 .. UTC+14) plus 15 minutes of clock drift; with clients on UTC
+    # (node, Java, Go) it may be narrowed to the drift alone.
+    signature_behind_ms: int = (12 * 3600 + 15 * 60) * 1000
+    signature_ahead_ms: int = (14 * 3600 + 15 * 60) * 1000

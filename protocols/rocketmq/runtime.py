@@ -16,7 +16,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code
 
-from gateway.accounts import Accounts
+from gateway.accounts import Accounts, Principal
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionRegistry
 from gateway.processor import Caller, Processor
@@ -32,6 +32,10 @@ __all__ = ["PROTOCOL", "Runtime"]
 
 PROTOCOL = "rocketmq"
 _TOPIC_CACHE_S = 2.0
+# Requests' verified identities are kept this long (clients sign with the second),
+# and at most this many at once.
+_CALLER_CACHE_S = 1.0
+_CALLER_CACHE_SIZE = 4096
 
 
 class Runtime:
@@ -63,6 +67,7 @@ class Runtime:
         self._rotation = itertools.count()
         self._groups: set[tuple[str, str]] = set()
         self._topics: dict[tuple[str, str], tuple[float, TopicInfo]] = {}
+        self._callers: dict[tuple[auth.RequestHeaders, str], tuple[float, Principal, str]] = {}
 
     @property
     def auto_create(self) -> bool:
@@ -90,21 +95,25 @@ class Runtime:
     # -- who is calling --------------------------------------------------------------
 
     def caller(self, context: Any, namespace: str = "") -> Caller:
-        """The caller of a request, or :class:`RpcFailure` (UNAUTHORIZED, FORBIDDEN)."""
+        """The caller of a request, or :class:`RpcFailure` (UNAUTHORIZED, FORBIDDEN).
+
+        A client signs each request with the current second, so its requests within a
+        second carry the same headers: who they are (the account, the signature's
+        check, the namespace) is remembered for that second rather than worked out
+        on every call."""
         try:
             headers = auth.read_headers(context.invocation_metadata() or ())
         except auth.SignatureError as e:
             raise RpcFailure(Code.UNAUTHORIZED, str(e)) from e
-        key = self.accounts.access_key(headers.access_key)  # AuthenticationFailed
-        if key.secret_key is not None:
-            try:
-                auth.verify(headers, key.secret_key)
-            except auth.SignatureError as e:
-                raise RpcFailure(Code.UNAUTHORIZED, str(e)) from e
-        principal = key.principal
-        chosen = namespace or headers.namespace or principal.default_namespace
-        if not principal.may_use(chosen):
-            raise RpcFailure(Code.FORBIDDEN, f"{principal.name!r} may not use namespace {chosen!r}")
+        key = (headers, namespace)
+        now = time.monotonic()
+        known = self._callers.get(key)
+        if known is None or known[0] < now:
+            if len(self._callers) >= _CALLER_CACHE_SIZE:
+                self._callers.clear()
+            known = (now + _CALLER_CACHE_S, *self._authenticate(headers, namespace))
+            self._callers[key] = known
+        _, principal, chosen = known
         session = self.sessions.get(headers.client_id) if headers.client_id else None
         return Caller(
             principal=principal,
@@ -113,6 +122,26 @@ class Runtime:
             connection_id=session.connection_id if session is not None else None,
             client_id=headers.client_id,
         )
+
+    def _authenticate(self, headers: auth.RequestHeaders, namespace: str) -> tuple[Principal, str]:
+        """The account a request's signature names, and the namespace it may use."""
+        key = self.accounts.access_key(headers.access_key)  # AuthenticationFailed
+        if key.secret_key is not None:
+            try:
+                auth.verify(headers, key.secret_key)
+                auth.check_date(
+                    headers,
+                    self.processor.clock.now_ms(),
+                    behind_ms=self.options.signature_behind_ms,
+                    ahead_ms=self.options.signature_ahead_ms,
+                )
+            except auth.SignatureError as e:
+                raise RpcFailure(Code.UNAUTHORIZED, str(e)) from e
+        principal = key.principal
+        chosen = namespace or headers.namespace or principal.default_namespace
+        if not principal.may_use(chosen):
+            raise RpcFailure(Code.FORBIDDEN, f"{principal.name!r} may not use namespace {chosen!r}")
+        return principal, chosen
 
     async def check_group(self, caller: Caller, group: str) -> None:
         """With auto-create off, a consumer group must have been created (given a

@@ -61,8 +61,13 @@ def status(code: int, message: str = "") -> Any:
     return definition_pb2.Status(code=code, message=message)
 
 
+_OK = definition_pb2.Status(code=Code.OK, message="OK")
+
+
 def ok() -> Any:
-    return definition_pb2.Status(code=Code.OK, message="OK")
+    """The OK status, shared: a response copies a status given to it, so it is never
+    changed through a response (build a fresh one with :func:`status` to edit)."""
+    return _OK
 
 
 def status_for(error: BaseException) -> Any:

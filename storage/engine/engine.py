@@ -1082,13 +1082,21 @@ class Engine:
         await self._writable()
         topic, qid, offset, _, _ = self._inflight_for(namespace, group, receipt)
         self._ack_now(group, topic.id, qid, offset)
+        if self._is_fifo(namespace, group):
+            topic.queues[qid].wake()
         await self._log.wait_durable()
+
+    def _is_fifo(self, namespace: str, group: str) -> bool:
+        """In a FIFO group an ack releases the next message of its message group, so
+        pops waiting on the queue must look again; otherwise an ack frees nothing."""
+        return self._state.group_configs.get((namespace, group), GroupConfig()).fifo
 
     async def ack_many(
         self, namespace: str, group: str, receipts: Sequence[str]
     ) -> list[str | None]:
         await self._writable()
         outcomes: list[str | None] = []
+        acked: set[QueueIndex] = set()
         for receipt in receipts:
             try:
                 topic, qid, offset, _, _ = self._inflight_for(namespace, group, receipt)
@@ -1096,7 +1104,11 @@ class Engine:
                 outcomes.append(exc.code)
                 continue
             self._ack_now(group, topic.id, qid, offset)
+            acked.add(topic.queues[qid])
             outcomes.append(None)
+        if self._is_fifo(namespace, group):
+            for queue in acked:
+                queue.wake()
         await self._log.wait_durable()
         return outcomes
 
@@ -1111,6 +1123,8 @@ class Engine:
             self._now() + invisible_ms, state.attempt, self._state.pop_seq + 1, state.first_pop_ms
         )
         self._hand_out_now(group, topic.id, qid, offset, new)
+        # A pop waiting on this queue computed its wake-up from the old deadline.
+        topic.queues[qid].wake()
         await self._log.wait_durable()
         ref = QueueRef(topic.namespace, topic.name, qid)
         return self._stored(
@@ -1134,6 +1148,8 @@ class Engine:
         config = self._state.group_configs.get((namespace, group), GroupConfig())
         self._dead_letter(namespace, group, config, ref, offset, message, message_id, state.attempt)
         self._ack_now(group, topic.id, qid, offset)
+        if self._is_fifo(namespace, group):
+            topic.queues[qid].wake()
         await self._log.wait_durable()
 
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
@@ -1151,6 +1167,19 @@ class Engine:
             return index.end - index.earliest
         done = max(cursor.done_below, index.earliest)
         return max(0, index.end - done - sum(1 for o in cursor.acked if o >= done))
+
+    async def consumed_below(self, namespace: str, group: str, queue: QueueRef) -> int:
+        self._check_open()
+        key = self._queue_key(namespace, queue)
+        _, index = self._state.queue(queue)
+        cursor = self._state.cursors.get((namespace, group), {}).get(key)
+        if cursor is None:
+            return index.earliest
+        return min(max(cursor.done_below, index.earliest), index.end)
+
+    async def delayed_count(self, namespace: str, queue: QueueRef) -> int:
+        self._check_open()
+        return self._state.delayed.get(self._queue_key(namespace, queue), 0)
 
     # ------------------------------------------------------------------ transactions
 

@@ -147,6 +147,9 @@ class EngineState:
         self.held_by_id: dict[tuple[str, str], int] = {}
         self.dedup: OrderedDict[tuple[str, str], Seen] = OrderedDict()
         self.due: list[tuple[int, int]] = []  # (due ms, position) of delayed messages
+        # Delayed messages held per queue they will go to: counted where a delayed record
+        # is held and dropped, so a replay rebuilds the same counts.
+        self.delayed: dict[QueueKey, int] = {}
         self.latest: dict[tuple[str, str], dict[bytes, bytes]] = {}
         self.kv: dict[tuple[str, str], dict[str, Any]] = {}
         self.pop_seq = 0
@@ -367,6 +370,10 @@ class EngineState:
             if record.flags & rec.MESSAGE_SCHEDULED:
                 heapq.heappush(self.due, (record.due_ms, position))
                 self.due_changed.set()
+                delayed = self.delayed
+                for d in record.dispatches:
+                    key = (d.topic_id, d.queue_id)
+                    delayed[key] = delayed.get(key, 0) + 1
         if record.source >= 0:  # a held message made visible (or re-held: delayed commit)
             self.drop_held(record.source)
         elif record.aux and not record.flags & rec.MESSAGE_HALF:
@@ -400,8 +407,18 @@ class EngineState:
 
     def drop_held(self, position: int) -> None:
         held = self.held.pop(position, None)
-        if held is not None:
-            self.held_by_id.pop((held.namespace, held.record.message_id), None)
+        if held is None:
+            return
+        self.held_by_id.pop((held.namespace, held.record.message_id), None)
+        if held.record.flags & rec.MESSAGE_SCHEDULED:
+            delayed = self.delayed
+            for d in held.record.dispatches:
+                key = (d.topic_id, d.queue_id)
+                left = delayed.get(key, 0) - 1
+                if left > 0:
+                    delayed[key] = left
+                else:
+                    delayed.pop(key, None)
 
     def publish(self, position: int, size: int, record: rec.MessageRecord) -> None:
         """Make a durable message record visible in its queues."""

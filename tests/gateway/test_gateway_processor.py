@@ -166,3 +166,31 @@ def test_processor_covers_every_storage_call() -> None:
     } - {"start", "close"}
     missing = sorted(n for n in storage_calls if not hasattr(Processor, n))
     assert missing == []
+
+
+async def test_unmetered_reads_are_not_billed_and_queue_state_passes_through(
+    tmp_path: Path,
+) -> None:
+    from storage.engine import Engine, EngineConfig
+
+    async with Engine(EngineConfig(data_dir=tmp_path)) as engine:
+        metering = Metering()
+        processor = Processor(engine, Accounts(AuthConfig()), metering, engine.clock)
+        caller = Caller(principal=ANONYMOUS, namespace="default", protocol="http")
+        await processor.create_topic(caller, "t")
+        queue = QueueRef("default", "t")
+        await processor.append(caller, [request("default", b"abc"), request("default", b"de")])
+        peeked = await processor.read(caller, queue, 0, metered=False)
+        batches = await processor.read_batches(caller, queue, 0, metered=False)
+        assert len(peeked.messages) == 2 and sum(b.count for b in batches) == 2
+        [usage] = metering.snapshot()
+        assert (usage.messages_in, usage.messages_out, usage.bytes_out) == (2, 0, 0)
+        [popped] = await processor.pop(caller, "g", [queue])
+        await processor.ack(caller, "g", popped.receipt or "")
+        assert await processor.consumed_below(caller, "g", queue) == 1
+        assert await processor.delayed_count(caller, queue) == 0
+        elsewhere = QueueRef("other", "t")
+        with pytest.raises(AccessDenied):
+            await processor.consumed_below(caller, "g", elsewhere)
+        with pytest.raises(AccessDenied):
+            await processor.delayed_count(caller, elsewhere)

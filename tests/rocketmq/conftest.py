@@ -142,10 +142,16 @@ def raw_stub(server: LiveServer) -> Iterator[Any]:
 
 
 def signed(
-    *, ak: str = "", sk: str = "", namespace: str = "", client_id: str = "raw-client"
+    *,
+    ak: str = "",
+    sk: str = "",
+    namespace: str = "",
+    client_id: str = "raw-client",
+    date_time: str | None = None,
 ) -> list[tuple[str, str]]:
-    """Request metadata as the official clients send it."""
-    date_time = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    """Request metadata as the official clients send it (signed now, in UTC, unless
+    ``date_time`` says otherwise)."""
+    date_time = date_time or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     authorization = (
         f"MQv2-HMAC-SHA1 Credential={ak}, SignedHeaders=x-mq-date-time, "
         f"Signature={auth.sign(sk, date_time)}"

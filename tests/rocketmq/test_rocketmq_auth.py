@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -58,6 +59,26 @@ def test_signatures_checked(secured: LiveServer) -> None:
         # bob's key names alice's namespace
         foreign = signed(ak="AK-bob", sk="SK-bob", namespace="ns-a")
         assert route(stub, "t", foreign) == Code.FORBIDDEN
+
+
+def test_signature_date_checked_against_the_clock(secured: LiveServer) -> None:
+    """A signature covers only its date, so a stale one (a captured header replayed)
+    is refused; the window spans every time zone, because rocketmq-python-client
+    stamps its local time with a "Z"."""
+    now = time.time()
+
+    def at(offset_s: float) -> list[tuple[str, str]]:
+        stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now + offset_s))
+        return signed(ak="AK-alice", sk="SK-alice", date_time=stamp)
+
+    hour = 3600
+    with raw_stub(secured) as stub:
+        assert route(stub, "t", at(13 * hour)) == Code.OK  # a client at UTC+13
+        assert route(stub, "t", at(-11 * hour)) == Code.OK  # a client at UTC-11
+        assert route(stub, "t", at(-2 * 24 * hour)) == Code.UNAUTHORIZED  # replayed
+        assert route(stub, "t", at(2 * 24 * hour)) == Code.UNAUTHORIZED
+        malformed = signed(ak="AK-alice", sk="SK-alice", date_time="2025-01-01 00:00")
+        assert route(stub, "t", malformed) == Code.UNAUTHORIZED
 
 
 def test_namespace_selects_tenant(secured: LiveServer) -> None:

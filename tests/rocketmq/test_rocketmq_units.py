@@ -83,6 +83,25 @@ def test_signature_round_trip() -> None:
         auth.parse_authorization("Bearer x")
 
 
+def test_signature_date() -> None:
+    assert auth.date_time_ms("19700101T000001Z") == 1000
+    assert auth.date_time_ms("20250101T000000Z") == 1_735_689_600_000
+    for bad in (
+        "20250101T000000",
+        "2025-01-01T00:00Z",
+        "20251301T000000Z",
+        "\uff12\uff10\uff12\uff150101T000000Z",
+    ):
+        with pytest.raises(auth.SignatureError):
+            auth.date_time_ms(bad)
+    headers = auth.RequestHeaders(date_time="20250101T000000Z")
+    auth.check_date(headers, 1_735_689_600_000 + 5000, behind_ms=5000, ahead_ms=0)
+    with pytest.raises(auth.SignatureError):
+        auth.check_date(headers, 1_735_689_600_000 + 5001, behind_ms=5000, ahead_ms=0)
+    with pytest.raises(auth.SignatureError):
+        auth.check_date(headers, 1_735_689_600_000 - 1, behind_ms=5000, ahead_ms=0)
+
+
 def test_mapping_round_trip() -> None:
     pb = definition_pb2.Message(body=b"payload")
     pb.topic.name = "t"

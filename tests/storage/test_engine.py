@@ -407,6 +407,47 @@ async def test_pop_long_poll_wakes_on_redelivery(storage: Engine, clock: ManualC
     assert m.delivery_attempt == 2
 
 
+async def test_pop_long_poll_wakes_when_a_fifo_ack_releases_the_next(storage: Engine) -> None:
+    await storage.create_topic(NS, "t")
+    await storage.set_group_config(NS, "g", GroupConfig(fifo=True))
+    await put(storage, b"a1", message_group="A")
+    await put(storage, b"a2", message_group="A")
+    [a1] = await storage.pop(NS, "g", [q()], invisible_ms=60_000)
+    popper = asyncio.create_task(storage.pop(NS, "g", [q()], wait_ms=60_000))
+    await asyncio.sleep(0)
+    await storage.ack(NS, "g", a1.receipt or "")
+    [a2] = await asyncio.wait_for(popper, 10)
+    assert a2.message.body == b"a2"
+
+
+@pytest.mark.parametrize("release", ["nack", "change_invisibility", "ack_many", "dead_letter"])
+async def test_pop_long_poll_wakes_on_release(storage: Engine, release: str) -> None:
+    """Whatever frees a FIFO group's head (or makes a message visible sooner) wakes a
+    waiting pop, instead of leaving it asleep until its own timeout."""
+    await storage.create_topic(NS, "t")
+    await storage.set_group_config(NS, "g", GroupConfig(fifo=True))
+    await put(storage, b"a1", message_group="A")
+    await put(storage, b"a2", message_group="A")
+    [a1] = await storage.pop(NS, "g", [q()], invisible_ms=60_000)
+    receipt = a1.receipt or ""
+    popper = asyncio.create_task(storage.pop(NS, "g", [q()], wait_ms=60_000))
+    await asyncio.sleep(0)
+    if release == "nack":
+        await storage.nack(NS, "g", receipt)
+        expected = b"a1"
+    elif release == "change_invisibility":
+        await storage.change_invisibility(NS, "g", receipt, 0)
+        expected = b"a1"
+    elif release == "ack_many":
+        assert await storage.ack_many(NS, "g", [receipt]) == [None]
+        expected = b"a2"
+    else:
+        await storage.dead_letter(NS, "g", receipt)
+        expected = b"a2"
+    [m] = await asyncio.wait_for(popper, 10)
+    assert m.message.body == expected
+
+
 # -- delay, transactions, keyed latest, metadata ---------------------------------------------
 
 

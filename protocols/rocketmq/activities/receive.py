@@ -31,10 +31,6 @@ __all__ = ["duration_ms", "receive_message"]
 # Answer this long before the client's deadline, so the answer arrives in time.
 _DEADLINE_MARGIN_MS = 500
 _TOPIC_POLL_S = 0.5
-# Storage's pop long poll wakes on new messages and on the next redelivery it knew of
-# when it started, but not on an ack (which frees the next message of a FIFO group) or
-# on a shortened invisibility (a nack): polling in slices bounds that delay.
-_LONG_POLL_SLICE_MS = 250
 
 
 def duration_ms(value: Any) -> int:
@@ -102,6 +98,9 @@ async def _pop(
     invisible_ms: int,
     wait_ms: int,
 ) -> list[StoredMessage]:
+    """One long poll in storage, which wakes on a new message, a redelivery coming due,
+    and whatever releases a message (a FIFO ack, a nack): a message is handed out as
+    soon as it may be. It loops only when every message popped failed a SQL92 filter."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     while True:
@@ -112,7 +111,7 @@ async def _pop(
             rt.queues(info),
             max_messages=batch,
             invisible_ms=invisible_ms,
-            wait_ms=min(remaining, _LONG_POLL_SLICE_MS),
+            wait_ms=remaining,
             tags=selector.tags,
         )
         kept = (
