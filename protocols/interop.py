@@ -22,6 +22,9 @@ __all__ = [
     "CORRELATION_ID",
     "KEY",
     "MESSAGE_GROUP",
+    "MQTT_PAYLOAD_FORMAT",
+    "MQTT_QOS",
+    "MQTT_RETAIN",
     "MQTT_TOPIC",
     "REPLY_TO",
     "RESERVED",
@@ -42,6 +45,9 @@ REPLY_TO = "reply-to"  # Kafka headers, RocketMQ and MNS user properties
 # storage topic name, so a Kafka record produced to ``sensors`` reaches subscribers of
 # ``sensors`` and ``sensors/#``.
 MQTT_TOPIC = "mqtt.topic"
+MQTT_QOS = "mqtt.qos"
+MQTT_RETAIN = "mqtt.retain"
+MQTT_PAYLOAD_FORMAT = "mqtt.payload-format"
 AMQP_EXCHANGE = "amqp.exchange"
 AMQP_ROUTING_KEY = "amqp.routing-key"
 # The AMQP basic properties as published (byte for byte, so every field-table type
@@ -58,6 +64,9 @@ RESERVED = frozenset(
         CORRELATION_ID,
         REPLY_TO,
         MQTT_TOPIC,
+        MQTT_QOS,
+        MQTT_RETAIN,
+        MQTT_PAYLOAD_FORMAT,
         AMQP_EXCHANGE,
         AMQP_ROUTING_KEY,
         AMQP_PROPERTIES,

@@ -1,0 +1,484 @@
+"""MQTT benchmark with paho-mqtt on loopback, 100 B payloads.
+
+Scenarios, each bounded in count and time: QoS 0 and QoS 1 publish msgs/s (one
+publisher, one subscriber counting deliveries), fan-in (20 publishers -> 1
+subscriber) and fan-out (1 publisher -> 100 subscribers) delivered msgs/s, end-to-end
+latency p50/p99 at a paced 1,000 msgs/s, and the RSS of many idle connections; with
+the server's CPU seconds per scenario and its RSS.
+
+    .venv/bin/python -m bench.mqtt                          # starts polymq itself
+    .venv/bin/python -m bench.mqtt --target 127.0.0.1:1883 [--server-pid PID]
+    .venv/bin/python -m bench.mqtt --mosquitto              # both, with the ratio
+
+With ``--target`` it measures whatever broker listens there (Mosquitto, say); pass
+``--server-pid`` for that server's CPU and RSS too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import shutil
+import socket
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paho.mqtt.client as paho
+import psutil
+from paho.mqtt.enums import CallbackAPIVersion
+
+PAYLOAD = 100
+PUBLISH_COUNT = 20_000
+QOS1_COUNT = 10_000
+FAN_IN_PUBLISHERS = 20
+FAN_IN_EACH = 1_000
+FAN_OUT_SUBSCRIBERS = 100
+FAN_OUT_COUNT = 500
+LATENCY_RATE = 1_000
+LATENCY_SECONDS = 5.0
+IDLE_CONNECTIONS = 10_000
+SCENARIO_LIMIT_S = 40.0
+
+
+def serve(port: int, data_dir: str) -> None:
+    """Run a polymq gateway with only the MQTT listener (until killed)."""
+    from gateway.config import load_config
+    from gateway.server import configure_logging
+    from gateway.server import serve as serve_gateway
+    from protocols.mqtt.listener import mqtt_listener
+
+    overrides = {"storage.data_dir": data_dir, "listeners.mqtt.port": str(port)}
+    for name in ("kafka", "amqp", "mqtt_ws", "rocketmq", "http"):
+        overrides[f"listeners.{name}.enabled"] = "false"
+    overrides["limits.max_connections"] = str(IDLE_CONNECTIONS + 1_000)
+    config = load_config(overrides=overrides)
+    configure_logging("warning")
+    try:
+        import uvloop
+
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
+    except ImportError:
+        runner = asyncio.Runner()
+    with runner:
+        runner.run(serve_gateway(config, listener_factories={"mqtt": mqtt_listener}))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _wait_port(port: int, proc: subprocess.Popen[bytes] | None) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError("the server exited early")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the server did not start")
+
+
+@contextlib.contextmanager
+def _process(command: list[str], port: int) -> Iterator[tuple[str, int, int]]:
+    """Run a broker process until the block ends; yields its address and pid."""
+    proc = subprocess.Popen(
+        command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL
+    )
+    try:
+        _wait_port(port, proc)
+        yield "127.0.0.1", port, proc.pid
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+
+@contextlib.contextmanager
+def polymq_server() -> Iterator[tuple[str, int, int]]:
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="polymq-bench-mqtt-") as data_dir:
+        command = [sys.executable, "-m", "bench.mqtt", "--serve", str(port), "--data-dir", data_dir]
+        with _process(command, port) as server:
+            yield server
+
+
+@contextlib.contextmanager
+def mosquitto_server() -> Iterator[tuple[str, int, int]]:
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    port = _free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
+        conf = Path(tmp) / "mosquitto.conf"
+        conf.write_text(
+            f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n"
+        )
+        with _process([binary, "-c", str(conf)], port) as server:
+            yield server
+
+
+@dataclass
+class Meter:
+    """The server's CPU and RSS, when its pid is known."""
+
+    pid: int | None
+
+    def cpu(self) -> float:
+        if self.pid is None:
+            return 0.0
+        times = psutil.Process(self.pid).cpu_times()
+        return float(times.user + times.system)
+
+    def rss_mib(self) -> float:
+        if self.pid is None:
+            return 0.0
+        return float(psutil.Process(self.pid).memory_info().rss) / (1 << 20)
+
+
+class Counter:
+    def __init__(self) -> None:
+        self.count = 0
+        self.latencies: list[float] = []
+        self.cond = threading.Condition()
+
+    def on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        with self.cond:
+            self.count += 1
+            if len(msg.payload) >= 8 and msg.payload[:1] == b"T":
+                sent = struct.unpack_from(">d", msg.payload, 1)[0]
+                self.latencies.append(time.perf_counter() - sent)
+            self.cond.notify_all()
+
+    def wait(self, count: int, limit_s: float) -> bool:
+        with self.cond:
+            return self.cond.wait_for(lambda: self.count >= count, limit_s)
+
+
+def _client(
+    host: str, port: int, counter: Counter | None = None, *, persistent: bool = False
+) -> paho.Client:
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"b-{uuid.uuid4().hex[:10]}",
+        protocol=paho.MQTTv311,
+        clean_session=not persistent,
+    )
+    client.max_inflight_messages_set(100)
+    client.max_queued_messages_set(0)
+    if counter is not None:
+        client.on_message = counter.on_message
+    connected = threading.Event()
+    client.on_connect = lambda *args: connected.set()
+    client.connect(host, port, keepalive=120)
+    client.loop_start()
+    if not connected.wait(30):
+        raise RuntimeError("no CONNACK")
+    sock = client.socket()
+    if isinstance(sock, socket.socket):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client
+
+
+def _subscribe(client: paho.Client, topic: str, qos: int) -> None:
+    done = threading.Event()
+    client.on_subscribe = lambda *args: done.set()
+    client.subscribe(topic, qos)
+    if not done.wait(30):
+        raise RuntimeError("no SUBACK")
+
+
+def _stop(*clients: paho.Client) -> None:
+    for client in clients:
+        client.disconnect()
+        client.loop_stop()
+
+
+Row = dict[str, Any]
+
+
+def _measure(meter: Meter, name: str, body: Callable[[], tuple[int, float]]) -> Row:
+    cpu0 = meter.cpu()
+    delivered, seconds = body()
+    cpu = meter.cpu() - cpu0
+    row: Row = {
+        "scenario": name,
+        "delivered": delivered,
+        "seconds": round(seconds, 3),
+        "msgs_per_s": round(delivered / seconds) if seconds else 0,
+        "server_cpu_s": round(cpu, 2),
+        "server_cpu_us_per_msg": round(cpu / delivered * 1e6, 1) if delivered else 0,
+        "server_rss_mib": round(meter.rss_mib(), 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def one_to_one(
+    host: str, port: int, qos: int, count: int, *, persistent: bool = False
+) -> tuple[int, float]:
+    """One publisher, one subscriber; a persistent subscriber's QoS 1 messages go
+    through its storage queue (pop, ack) in polymq."""
+    counter = Counter()
+    sub = _client(host, port, counter, persistent=persistent)
+    _subscribe(sub, "bench/one", qos)
+    pub = _client(host, port)
+    payload = b"x" * PAYLOAD
+    start = time.perf_counter()
+    infos = [pub.publish("bench/one", payload, qos) for _ in range(count)]
+    if qos:
+        for info in infos:
+            info.wait_for_publish(SCENARIO_LIMIT_S)
+    counter.wait(count, SCENARIO_LIMIT_S)
+    seconds = time.perf_counter() - start
+    _stop(pub, sub)
+    return counter.count, seconds
+
+
+def fan_in(host: str, port: int) -> tuple[int, float]:
+    counter = Counter()
+    sub = _client(host, port, counter)
+    _subscribe(sub, "fanin/#", 0)
+    pubs = [_client(host, port) for _ in range(FAN_IN_PUBLISHERS)]
+    payload = b"x" * PAYLOAD
+    start = time.perf_counter()
+
+    def run(i: int, client: paho.Client) -> None:
+        for _ in range(FAN_IN_EACH):
+            client.publish(f"fanin/{i}", payload, 0)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(pubs)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    counter.wait(FAN_IN_PUBLISHERS * FAN_IN_EACH, SCENARIO_LIMIT_S)
+    seconds = time.perf_counter() - start
+    _stop(*pubs, sub)
+    return counter.count, seconds
+
+
+def fan_out(host: str, port: int) -> tuple[int, float]:
+    counter = Counter()
+    subs = [_client(host, port, counter) for _ in range(FAN_OUT_SUBSCRIBERS)]
+    for sub in subs:
+        _subscribe(sub, "fanout/t", 0)
+    pub = _client(host, port)
+    payload = b"x" * PAYLOAD
+    start = time.perf_counter()
+    for _ in range(FAN_OUT_COUNT):
+        pub.publish("fanout/t", payload, 0)
+    counter.wait(FAN_OUT_COUNT * FAN_OUT_SUBSCRIBERS, SCENARIO_LIMIT_S)
+    seconds = time.perf_counter() - start
+    _stop(pub, *subs)
+    return counter.count, seconds
+
+
+def latency(host: str, port: int) -> tuple[float, float, int]:
+    counter = Counter()
+    sub = _client(host, port, counter)
+    _subscribe(sub, "lat/t", 0)
+    pub = _client(host, port)
+    pad = b"x" * (PAYLOAD - 9)
+    total = int(LATENCY_RATE * LATENCY_SECONDS)
+    start = time.perf_counter()
+    for i in range(total):
+        due = start + i / LATENCY_RATE
+        pause = due - time.perf_counter()
+        if pause > 0:
+            time.sleep(pause)
+        pub.publish("lat/t", b"T" + struct.pack(">d", time.perf_counter()) + pad, 0)
+    counter.wait(total, SCENARIO_LIMIT_S)
+    _stop(pub, sub)
+    lat = sorted(counter.latencies)
+    if not lat:
+        return 0.0, 0.0, 0
+    p50 = statistics.median(lat) * 1000
+    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
+    return p50, p99, len(lat)
+
+
+def idle_connections(host: str, port: int, meter: Meter, wanted: int) -> Row:
+    """Open ``wanted`` MQTT connections (a CONNECT each, 200 at a time, asyncio
+    streams so the client stays small), hold them, and read the server's RSS."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = min(wanted, soft - 200)
+    connect = bytes.fromhex("100c00044d5154540402012c0000")  # v3.1.1, clean, ka 300
+    before = meter.rss_mib()
+
+    async def hold() -> tuple[int, float, float]:
+        gate = asyncio.Semaphore(200)
+
+        async def one() -> asyncio.StreamWriter:
+            async with gate:
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(connect)
+                if (await reader.readexactly(4))[:1] != b"\x20":
+                    raise RuntimeError("no CONNACK")
+                return writer
+
+        start = time.perf_counter()
+        writers = await asyncio.gather(*(one() for _ in range(limit)))
+        seconds = time.perf_counter() - start
+        await asyncio.sleep(1)
+        after = meter.rss_mib()
+        for writer in writers:
+            writer.close()
+        return len(writers), seconds, after
+
+    opened, seconds, after = asyncio.run(hold())
+    row: Row = {
+        "scenario": "idle connections",
+        "connections": opened,
+        "wanted": wanted,
+        "open_seconds": round(seconds, 2),
+        "server_rss_before_mib": round(before, 1),
+        "server_rss_after_mib": round(after, 1),
+        "kib_per_connection": round((after - before) * 1024 / max(1, opened), 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def topic_index(subscriptions: int = 100_000, lookups: int = 20_000) -> Row:
+    """The topic-filter index alone, in this process: build time and matches/s with
+    ``subscriptions`` filters (70% exact, 30% with + or #)."""
+    import random
+
+    from protocols.mqtt.topic_filter_index import TopicFilterIndex
+
+    rng = random.Random(1)
+    index: TopicFilterIndex[int] = TopicFilterIndex()
+    start = time.perf_counter()
+    for i in range(subscriptions):
+        b, f, r = rng.randrange(50), rng.randrange(20), rng.randrange(100)
+        shapes = (f"b{b}/f{f}/r{r}/temp", f"b{b}/+/r{r}/temp", f"b{b}/f{f}/#")
+        shape = shapes[(i % 10 >= 7) + (i % 10 == 9)]
+        index.add(shape, i, i)
+    built = time.perf_counter() - start
+    topics = [
+        f"b{rng.randrange(50)}/f{rng.randrange(20)}/r{rng.randrange(100)}/temp"
+        for _ in range(lookups)
+    ]
+    start = time.perf_counter()
+    found = sum(len(index.match(topic)) for topic in topics)
+    seconds = time.perf_counter() - start
+    row: Row = {
+        "scenario": "topic index",
+        "subscriptions": subscriptions,
+        "build_seconds": round(built, 2),
+        "matches_per_s": round(lookups / seconds),
+        "avg_matched": round(found / lookups, 1),
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def run(host: str, port: int, meter: Meter, label: str) -> dict[str, Row]:
+    print(f"# {label} at {host}:{port}", flush=True)
+    rows = {
+        "qos0": _measure(meter, "publish qos0", lambda: one_to_one(host, port, 0, PUBLISH_COUNT)),
+        "qos1": _measure(meter, "publish qos1", lambda: one_to_one(host, port, 1, QOS1_COUNT)),
+        "qos1-persistent": _measure(
+            meter,
+            "publish qos1, persistent subscriber",
+            lambda: one_to_one(host, port, 1, QOS1_COUNT, persistent=True),
+        ),
+        "fan-in": _measure(meter, "fan-in 20->1", lambda: fan_in(host, port)),
+        "fan-out": _measure(meter, "fan-out 1->100", lambda: fan_out(host, port)),
+    }
+    cpu0 = meter.cpu()
+    p50, p99, n = latency(host, port)
+    row: Row = {
+        "scenario": f"latency at {LATENCY_RATE}/s",
+        "samples": n,
+        "p50_ms": round(p50, 3),
+        "p99_ms": round(p99, 3),
+        "server_cpu_s": round(meter.cpu() - cpu0, 2),
+    }
+    print(json.dumps(row), flush=True)
+    rows["latency"] = row
+    rows["idle"] = idle_connections(host, port, meter, IDLE_CONNECTIONS)
+    return rows
+
+
+def _ratios(ours: dict[str, Row], theirs: dict[str, Row]) -> None:
+    print("# polymq / mosquitto", flush=True)
+    for key in ("qos0", "qos1", "qos1-persistent", "fan-in", "fan-out"):
+        a, b = ours[key]["msgs_per_s"], theirs[key]["msgs_per_s"]
+        print(json.dumps({"scenario": key, "ratio_msgs_per_s": round(a / b, 2) if b else None}))
+    lat_a, lat_b = ours["latency"], theirs["latency"]
+    print(
+        json.dumps(
+            {
+                "scenario": "latency",
+                "ratio_p50": round(lat_a["p50_ms"] / lat_b["p50_ms"], 2)
+                if lat_b["p50_ms"]
+                else None,
+                "ratio_p99": round(lat_a["p99_ms"] / lat_b["p99_ms"], 2)
+                if lat_b["p99_ms"]
+                else None,
+            }
+        )
+    )
+    idle_a, idle_b = ours["idle"], theirs["idle"]
+    per_b = idle_b["kib_per_connection"]
+    print(
+        json.dumps(
+            {
+                "scenario": "idle connections",
+                "ratio_kib_per_connection": round(idle_a["kib_per_connection"] / per_b, 2)
+                if per_b
+                else None,
+            }
+        ),
+        flush=True,
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", help="HOST:PORT of a running broker (default: start polymq)")
+    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
+    parser.add_argument("--mosquitto", action="store_true", help="also run against mosquitto")
+    parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
+    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
+    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        serve(args.serve, args.data_dir)
+        return
+    if args.quick:
+        global PUBLISH_COUNT, QOS1_COUNT, FAN_IN_EACH, FAN_OUT_COUNT, LATENCY_SECONDS
+        global IDLE_CONNECTIONS
+        PUBLISH_COUNT, QOS1_COUNT, FAN_IN_EACH, FAN_OUT_COUNT = 500, 200, 20, 5
+        LATENCY_SECONDS, IDLE_CONNECTIONS = 0.2, 50
+    topic_index(1_000 if args.quick else 100_000, 1_000 if args.quick else 20_000)
+    if args.target:
+        host, _, port = args.target.rpartition(":")
+        run(host or "127.0.0.1", int(port), Meter(args.server_pid), args.target)
+        return
+    with polymq_server() as (host, port, pid):
+        ours = run(host, port, Meter(pid), "polymq")
+    if args.mosquitto:
+        with mosquitto_server() as (host, port, pid):
+            theirs = run(host, port, Meter(pid), "mosquitto")
+        _ratios(ours, theirs)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

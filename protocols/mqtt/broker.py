@@ -1,0 +1,622 @@
+"""One namespace's MQTT world: sessions, the subscription index, retained messages and
+the routing of a publish to storage and to subscribers.
+
+Routing (DESIGN.md): every publish is one storage append, indexed into the storage
+topic (the topic name's first level, so other protocols see it), into the session
+queue of every persistent session it reaches at QoS 1 or 2, and into the queue of
+every shared-subscription group it matches (multi-dispatch). Those sessions read
+their queue in pop mode, so an acknowledged publish survives their disconnect and a
+server restart. Clean sessions, and QoS 0, are served from memory as EMQX does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from gateway.accounts import Principal
+from gateway.processor import Caller, Processor
+from protocols import interop
+from protocols.mqtt.mapping import published_qos, storage_topic
+from protocols.mqtt.topic_filter_index import TopicFilterIndex, filter_matches, split_shared
+from protocols.mqtt.topic_tail import TopicTail
+from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from storage.model import AppendRequest, GroupConfig, Message, QueueRef, StoredMessage
+
+__all__ = [
+    "POP_GROUP",
+    "Broker",
+    "Delivery",
+    "Outgoing",
+    "Session",
+    "SessionOwner",
+    "SharedGroup",
+    "SubOptions",
+    "spawn",
+]
+
+log = logging.getLogger(__name__)
+
+POP_GROUP = "mqtt"  # the consumer group every session and shared queue is popped by
+_SESSION_KIND = "mqtt.session"
+_SESSION_PREFIX = "$mqtt.session."
+_SHARED_PREFIX = "$mqtt.share."
+_NEVER_EXPIRES = 0xFFFFFFFF
+
+
+@dataclass(slots=True, kw_only=True)
+class SubOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.qos,
+            self.no_local,
+            self.retain_as_published,
+            self.retain_handling,
+            self.subscription_id,
+        ]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> SubOptions:
+        return cls(
+            qos=raw[0],
+            no_local=raw[1],
+            retain_as_published=raw[2],
+            retain_handling=raw[3],
+            subscription_id=raw[4],
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class Delivery:
+    """A message on its way to one online subscriber from memory."""
+
+    message: Message
+    topic: str
+    qos: int
+    retain: bool
+    subscription_ids: list[int]
+
+
+class SessionOwner(Protocol):
+    """The connection serving a session (protocols/mqtt/connection.py)."""
+
+    def deliver(self, delivery: Delivery) -> None: ...
+
+    def wake(self) -> None:
+        """New messages may wait in the session's or a shared group's queue."""
+        ...
+
+    async def take_over(self) -> None:
+        """Close because the same client id connected again (v5 reason 0x8E)."""
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class Session:
+    client_id: str
+    expiry_s: int
+    queue: QueueRef | None = None  # persistent sessions only
+    subscriptions: dict[str, SubOptions] = field(default_factory=dict)
+    owner: SessionOwner | None = None
+    inbound_qos2: set[int] = field(default_factory=set)  # PUBREC sent, PUBREL awaited
+    outbound_pubrel: set[int] = field(default_factory=set)  # PUBREL sent, PUBCOMP awaited
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+
+
+@dataclass(slots=True, kw_only=True)
+class SharedGroup:
+    """``$share/{group}/{filter}``: one queue popped by the members (v5 4.8.2)."""
+
+    name: str
+    filter: str
+    queue: QueueRef
+    members: dict[str, Session] = field(default_factory=dict)
+    turn: int = 0
+
+    def next_owner(self) -> SessionOwner | None:
+        """The online member to wake for the next message, in turn."""
+        online = [m.owner for m in self.members.values() if m.owner is not None]
+        if not online:
+            return None
+        self.turn += 1
+        return online[self.turn % len(online)]
+
+
+@dataclass(slots=True, kw_only=True)
+class Outgoing:
+    """One message to route: already mapped to the model."""
+
+    message: Message
+    topic: str
+    qos: int
+    retain: bool
+    publisher: str | None = None
+
+
+def _queue_topic(prefix: str, name: str) -> str:
+    """A storage topic name for a session or shared queue: readable when it fits,
+    else a digest (storage names stop at 255 bytes)."""
+    topic = prefix + name
+    if len(topic.encode()) <= 200 and all(c >= " " and c != "\x7f" for c in topic):
+        return topic
+    return prefix + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class Broker:
+    """Sessions and routing for one namespace. Build with :meth:`load`."""
+
+    def __init__(self, processor: Processor, namespace: str) -> None:
+        self.namespace = namespace
+        self.processor = processor
+        self.caller = Caller(
+            principal=Principal(
+                name="mqtt-broker",
+                namespaces=frozenset({namespace}),
+                default_namespace=namespace,
+            ),
+            namespace=namespace,
+            protocol="mqtt",
+        )
+        self.sessions: dict[str, Session] = {}
+        self.index: TopicFilterIndex[tuple[Session, SubOptions] | SharedGroup] = TopicFilterIndex()
+        self.shared: dict[tuple[str, str], SharedGroup] = {}
+        self._topics: set[str] = set()
+        self._tails: dict[str, TopicTail] = {}
+        self._ending: dict[str, asyncio.Future[None]] = {}  # sessions being removed
+        self._tail_refs: dict[str, int] = {}  # storage topic -> filters reaching it
+        self.messages_in = 0
+
+    @classmethod
+    async def load(cls, processor: Processor, namespace: str) -> Broker:
+        """The broker with the namespace's persistent sessions restored from storage;
+        those that expired while the server was down are removed."""
+        broker = cls(processor, namespace)
+        await processor.set_group_config(
+            broker.caller, POP_GROUP, GroupConfig(max_delivery_attempts=None, dead_letter=False)
+        )
+        now = processor.clock.now_ms()
+        saved = await processor.meta_list(broker.caller, _SESSION_KIND)
+        for client_id, raw in saved.items():
+            session = Session(
+                client_id=client_id,
+                expiry_s=raw["expiry_s"],
+                queue=QueueRef(namespace, raw["queue"]),
+                inbound_qos2=set(raw.get("qos2_in", ())),
+                outbound_pubrel=set(raw.get("qos2_out", ())),
+            )
+            gone_ms = raw.get("disconnected_ms") or now
+            left_ms = _expiry_left_ms(session.expiry_s, gone_ms, now)
+            if left_ms is not None and left_ms <= 0:
+                await broker._discard(session)
+                continue
+            broker.sessions[client_id] = session
+            for topic_filter, options in raw["subs"].items():
+                await broker._index_add(session, topic_filter, SubOptions.from_json(options))
+            broker._schedule_expiry(session, left_ms)
+        return broker
+
+    # -- sessions ------------------------------------------------------------------
+
+    async def attach(
+        self, owner: SessionOwner, client_id: str, *, clean_start: bool, expiry_s: int
+    ) -> tuple[Session, bool]:
+        """Bind ``client_id``'s session to a new connection, taking it over from an
+        old one; returns the session and whether it existed (CONNACK session present)."""
+        ending = self._ending.get(client_id)
+        if ending is not None:
+            await ending  # the client's expired session is still being removed
+        old = self.sessions.get(client_id)
+        if old is not None and old.owner is not None:
+            await old.owner.take_over()
+            old = self.sessions.get(client_id)  # the old connection may have ended it
+        if old is not None:
+            _cancel_timers(old)
+            if clean_start:
+                await self._discard(old)
+                old = None
+        if old is None:
+            session = Session(client_id=client_id, expiry_s=expiry_s)
+            if expiry_s > 0:
+                session.queue = QueueRef(
+                    self.namespace, _queue_topic(_SESSION_PREFIX, client_id), 0
+                )
+                await self.ensure_topic(session.queue.topic)
+            self.sessions[client_id] = session
+            present = False
+        else:
+            session, present = old, True
+            session.expiry_s = expiry_s
+        session.owner = owner
+        if session.queue is not None:
+            await self._save(session, disconnected_ms=None)
+        return session, present
+
+    async def detach(self, session: Session, owner: SessionOwner) -> None:
+        """The connection ended: keep the session until it expires, or end it now."""
+        if session.owner is not owner:
+            return  # taken over: the session belongs to the new connection
+        session.owner = None
+        for group in self.shared.values():
+            if session.client_id in group.members:
+                for other in group.members.values():
+                    if other.owner is not None:
+                        other.owner.wake()  # what this member held is visible again
+        if session.expiry_s == 0 or session.queue is None:
+            await self._discard(session)
+            return
+        await self._save(session, disconnected_ms=self.processor.clock.now_ms())
+        if session.owner is None:  # not resumed by a new connection meanwhile
+            self._schedule_expiry(session, _expiry_left_ms(session.expiry_s, 0, 0))
+
+    def schedule(self, session: Session, delay_s: float, action: Callable[[], None]) -> None:
+        """Run ``action`` after ``delay_s`` unless the session is resumed first."""
+        session.timers.append(asyncio.get_running_loop().call_later(delay_s, action))
+
+    def _schedule_expiry(self, session: Session, left_ms: int | None) -> None:
+        if left_ms is None:
+            return
+
+        def expire() -> None:
+            if session.owner is None and self.sessions.get(session.client_id) is session:
+                spawn(self._discard(session))
+
+        self.schedule(session, left_ms / 1000, expire)
+
+    async def _discard(self, session: Session) -> None:
+        _cancel_timers(session)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for topic_filter in list(session.subscriptions):
+            self._index_remove(session, topic_filter)
+        session.subscriptions.clear()
+        if session.queue is not None:
+            # A new session of the same client id waits for this (its queue has the
+            # same name): see attach.
+            done = asyncio.get_running_loop().create_future()
+            self._ending[session.client_id] = done
+            try:
+                self._topics.discard(session.queue.topic)
+                await self.processor.meta_delete(self.caller, _SESSION_KIND, session.client_id)
+                with contextlib.suppress(TopicNotFound):
+                    await self.processor.delete_topic(self.caller, session.queue.topic)
+            finally:
+                if self._ending.get(session.client_id) is done:
+                    del self._ending[session.client_id]
+                done.set_result(None)
+
+    async def _save(self, session: Session, *, disconnected_ms: int | None) -> None:
+        assert session.queue is not None
+        await self.processor.meta_put(
+            self.caller,
+            _SESSION_KIND,
+            session.client_id,
+            {
+                "expiry_s": session.expiry_s,
+                "queue": session.queue.topic,
+                "subs": {f: o.to_json() for f, o in session.subscriptions.items()},
+                "disconnected_ms": disconnected_ms,
+                # QoS 2 flows in progress, saved when the client leaves (a clean stop
+                # keeps them; a crash loses them, v5 4.3.3)
+                "qos2_in": sorted(session.inbound_qos2),
+                "qos2_out": sorted(session.outbound_pubrel),
+            },
+        )
+
+    # -- subscriptions -------------------------------------------------------------
+
+    async def subscribe(self, session: Session, topic_filter: str, options: SubOptions) -> bool:
+        """Add or replace a subscription; True if it is new (retain handling 1). A
+        persistent session keeps it once :meth:`save_subscriptions` ran."""
+        new = topic_filter not in session.subscriptions
+        if not new:
+            self._index_remove(session, topic_filter)
+        await self._index_add(session, topic_filter, options)
+        return new
+
+    def unsubscribe(self, session: Session, topic_filter: str) -> bool:
+        if topic_filter not in session.subscriptions:
+            return False
+        self._index_remove(session, topic_filter)
+        return True
+
+    async def save_subscriptions(self, session: Session) -> None:
+        """Store a persistent session's subscriptions: once per SUBSCRIBE or
+        UNSUBSCRIBE packet, however many filters it names."""
+        if session.queue is not None:
+            await self._save(session, disconnected_ms=None)
+
+    async def _index_add(self, session: Session, topic_filter: str, options: SubOptions) -> None:
+        session.subscriptions[topic_filter] = options
+        shared = split_shared(topic_filter)
+        if shared is None:
+            self.index.add(topic_filter, session.client_id, (session, options))
+        else:
+            group = self.shared.get(shared)
+            if group is None:
+                name, inner = shared
+                queue = QueueRef(self.namespace, _queue_topic(_SHARED_PREFIX, f"{name}/{inner}"), 0)
+                await self.ensure_topic(queue.topic)
+                group = self.shared[shared] = SharedGroup(name=name, filter=inner, queue=queue)
+                self.index.add(inner, ("$share", name), group)
+            group.members[session.client_id] = session
+        # Only now: the tail routes as soon as it starts, and must find this entry.
+        await self._count_tail(shared[1] if shared else topic_filter)
+
+    def _index_remove(self, session: Session, topic_filter: str) -> None:
+        if session.subscriptions.pop(topic_filter, None) is None:
+            return
+        shared = split_shared(topic_filter)
+        self._uncount_tail(shared[1] if shared else topic_filter)
+        if shared is None:
+            self.index.remove(topic_filter, session.client_id)
+            return
+        group = self.shared.get(shared)
+        if group is not None:
+            group.members.pop(session.client_id, None)
+            # The group and its queue stay while empty: messages wait for members.
+
+    # -- messages from other protocols -------------------------------------------
+
+    async def _count_tail(self, topic_filter: str) -> None:
+        """Keep a tail on the storage topic a filter's literal first level names."""
+        first = topic_filter.split("/", 1)[0]
+        if first in ("+", "#"):
+            return
+        topic = storage_topic(topic_filter)
+        self._tail_refs[topic] = self._tail_refs.get(topic, 0) + 1
+        if topic not in self._tails or self._tails[topic].done():
+            tail = TopicTail(
+                self.processor,
+                self.caller,
+                topic,
+                lambda stored, live: self._route_foreign(topic, stored, live=live),
+                lambda: topic in self._tail_refs,
+            )
+            self._tails[topic] = tail
+            tail.start()
+            await tail.ready()
+
+    def _uncount_tail(self, topic_filter: str) -> None:
+        if topic_filter.split("/", 1)[0] in ("+", "#"):
+            return
+        topic = storage_topic(topic_filter)
+        refs = self._tail_refs.get(topic, 0) - 1
+        if refs > 0:
+            self._tail_refs[topic] = refs
+        else:
+            self._tail_refs.pop(topic, None)
+
+    async def _route_foreign(
+        self, topic: str, stored: list[StoredMessage], *, live: bool = True
+    ) -> None:
+        """Route messages produced by other protocols under the storage topic's name:
+        copied into the queues they reach, and when ``live`` from memory to online
+        subscribers."""
+        requests = []
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []
+        for record in stored:
+            message = replace(
+                record.message,
+                properties=((interop.MQTT_TOPIC, topic.encode()), *record.message.properties),
+            )
+            item = Outgoing(message=message, topic=topic, qos=1, retain=False)
+            queues: list[QueueRef] = []
+            self._route(item, queues, memory, woken)
+            if queues:
+                requests.append(AppendRequest(entry=message, queues=tuple(queues)))
+        if requests:
+            await self.processor.append(self.caller, requests)
+        if live:
+            for owner, delivery in memory:
+                owner.deliver(delivery)
+        for owner in woken:
+            owner.wake()
+
+    async def close(self) -> None:
+        """Stop timers and tails (server stop): storage closes next."""
+        for session in self.sessions.values():
+            _cancel_timers(session)
+        tails = list(self._tails.values())
+        self._tails.clear()
+        for tail in tails:
+            await tail.stop()
+
+    def shared_queues(self, session: Session) -> list[tuple[QueueRef, SubOptions]]:
+        found = []
+        for topic_filter, options in session.subscriptions.items():
+            shared = split_shared(topic_filter)
+            if shared is not None and shared in self.shared:
+                found.append((self.shared[shared].queue, options))
+        return found
+
+    def session_grant(self, session: Session, topic: str) -> tuple[int, list[int], bool] | None:
+        """For a message from the session's queue: the best QoS, the subscription ids
+        and retain-as-published of its plain subscriptions matching ``topic``, or
+        ``None`` if none still does."""
+        qos = -1
+        ids: list[int] = []
+        rap = False
+        for topic_filter, options in session.subscriptions.items():
+            if split_shared(topic_filter) is None and filter_matches(topic_filter, topic):
+                qos = max(qos, options.qos)
+                rap = rap or options.retain_as_published
+                if options.subscription_id:
+                    ids.append(options.subscription_id)
+        return None if qos < 0 else (qos, ids, rap)
+
+    # -- publishing ----------------------------------------------------------------
+
+    async def ensure_topic(self, topic: str) -> None:
+        """Create a storage topic on first use; ``InvalidName`` if none can be named so."""
+        if topic in self._topics:
+            return
+        with contextlib.suppress(TopicAlreadyExists):
+            await self.processor.create_topic(self.caller, topic)
+        self._topics.add(topic)
+
+    async def publish(self, items: list[Outgoing]) -> None:
+        """Hand the in-memory deliveries out, then store every item with one append
+        (each dispatched to its storage topic and to every queue it reaches).
+
+        Online clean-session subscribers do not wait for the disk: as with EMQX, what
+        they get from memory is not kept for them anyway, and the publisher's ack still
+        waits for the append."""
+        requests = []
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []
+        for item in items:
+            topic = storage_topic(item.topic)
+            await self.ensure_topic(topic)
+            queues = [QueueRef(self.namespace, topic, 0)]
+            self._route(item, queues, memory, woken)
+            requests.append(AppendRequest(entry=item.message, queues=tuple(queues)))
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+        try:
+            await self.processor.append(self.caller, requests)
+        except TopicNotFound:
+            self._topics.clear()  # deleted behind our back: create again and retry once
+            for request in requests:
+                for queue in request.queues:
+                    await self.ensure_topic(queue.topic)
+            await self.processor.append(self.caller, requests)
+        self.messages_in += len(items)
+        for item in items:
+            if item.retain:
+                await self.processor.put_latest(
+                    self.caller,
+                    storage_topic(item.topic),
+                    item.topic.encode(),
+                    item.message if item.message.body else None,
+                )
+        for owner in woken:
+            owner.wake()
+
+    def _route(
+        self,
+        item: Outgoing,
+        queues: list[QueueRef],
+        memory: list[tuple[SessionOwner, Delivery]],
+        woken: list[SessionOwner],
+    ) -> None:
+        per_session: dict[str, tuple[Session, int, list[int], bool]] = {}
+        for _, value in self.index.match(item.topic):
+            if isinstance(value, SharedGroup):
+                queues.append(value.queue)
+                owner = value.next_owner()
+                if owner is not None:
+                    woken.append(owner)
+                continue
+            session, options = value
+            if options.no_local and session.client_id == item.publisher:
+                continue
+            seen = per_session.get(session.client_id)
+            ids = [options.subscription_id] if options.subscription_id else []
+            if seen is None:
+                per_session[session.client_id] = (
+                    session,
+                    options.qos,
+                    ids,
+                    options.retain_as_published,
+                )
+            else:
+                per_session[session.client_id] = (
+                    session,
+                    max(seen[1], options.qos),
+                    seen[2] + ids,
+                    seen[3] or options.retain_as_published,
+                )
+        for session, qos, ids, rap in per_session.values():
+            granted = min(qos, item.qos)
+            if session.queue is not None and granted > 0:
+                queues.append(session.queue)
+                if session.owner is not None:
+                    woken.append(session.owner)
+            elif session.owner is not None:
+                memory.append(
+                    (
+                        session.owner,
+                        Delivery(
+                            message=item.message,
+                            topic=item.topic,
+                            qos=granted,
+                            retain=item.retain and rap,
+                            subscription_ids=ids,
+                        ),
+                    )
+                )
+
+    def deliver_transient(self, topic: str, message: Message) -> None:
+        """Hand a QoS 0 message to online subscribers without storing it (``$SYS``)."""
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        item = Outgoing(message=message, topic=topic, qos=0, retain=False)
+        self._route(item, [], memory, [])
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+
+    async def retained(self, topic_filter: str) -> list[tuple[str, Message]]:
+        """Retained messages matching a (plain) filter, from the keyed latest values
+        of the storage topics the filter can reach."""
+        first = topic_filter.split("/", 1)[0]
+        if first in ("+", "#"):
+            names = [t.name for t in await self.processor.list_topics(self.caller)]
+            names = [n for n in names if not n.startswith("$")]
+        else:
+            names = [storage_topic(topic_filter)]
+        now = self.processor.clock.now_ms()
+        found = []
+        for name in names:
+            try:
+                values = await self.processor.list_latest(self.caller, name)
+            except StorageError:
+                continue
+            for key, message in values:
+                topic = key.decode("utf-8", "replace")
+                if message.expiry_ms is not None and message.expiry_ms <= now:
+                    continue
+                if filter_matches(topic_filter, topic):
+                    found.append((topic, message))
+        return found
+
+    def stored_qos(self, message: Message) -> int:
+        return published_qos(message)
+
+
+def _expiry_left_ms(expiry_s: int, gone_ms: int, now_ms: int) -> int | None:
+    if expiry_s == _NEVER_EXPIRES:
+        return None
+    return expiry_s * 1000 - (now_ms - gone_ms)
+
+
+def _cancel_timers(session: Session) -> None:
+    for timer in session.timers:
+        timer.cancel()
+    session.timers.clear()
+
+
+_background: set[asyncio.Task[None]] = set()
+
+
+def spawn(coro: Any) -> None:
+    """Run a coroutine to completion in the background, logging its failure."""
+    task: asyncio.Task[None] = asyncio.ensure_future(coro)
+    _background.add(task)
+
+    def done(t: asyncio.Task[None]) -> None:
+        _background.discard(t)
+        if not t.cancelled() and t.exception() is not None:
+            log.error("mqtt background task failed", exc_info=t.exception())
+
+    task.add_done_callback(done)

@@ -1,0 +1,596 @@
+"""One MQTT client connection: CONNECT, then packets in and out until the client
+leaves, breaks the protocol, goes silent past its keep-alive, or is taken over.
+
+The connection's task reads, then handles what the read brought in order before
+reading again, so a run of PUBLISH packets becomes one storage append and a run of
+acks one ack call; what arrives meanwhile waits in the socket and makes the next batch.
+What goes to the client is :mod:`protocols.mqtt.outbound`'s job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from dataclasses import dataclass
+
+from gateway.accounts import AuthenticationFailed, AuthError
+from gateway.processor import Caller
+from protocols.mqtt import codec
+from protocols.mqtt._state import ConnectionState, accepts
+from protocols.mqtt.broker import (
+    Broker,
+    Delivery,
+    Outgoing,
+    Session,
+    SubOptions,
+    spawn,
+)
+from protocols.mqtt.mapping import (
+    message_from_publish,
+    published_qos,
+    storage_topic,
+)
+from protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
+from protocols.mqtt.services import MqttServices
+from protocols.mqtt.topic_filter_index import (
+    is_valid_filter,
+    is_valid_topic_name,
+    split_shared,
+)
+from protocols.mqtt.transport import Transport
+from storage.errors import InvalidName, MessageTooLarge, StorageError
+
+__all__ = ["MqttConnection"]
+
+log = logging.getLogger(__name__)
+
+_CONNECT_TIMEOUT_S = 10.0
+_BATCH = 256  # PUBLISHes per append, acks per ack call
+_ACKS = (codec.PubAck, codec.PubRec, codec.PubComp)
+
+# v5 reason codes (2.4) used here
+_SUCCESS = 0x00
+_DISCONNECT_WITH_WILL = 0x04
+_NO_SUBSCRIPTION = 0x11
+_UNSPECIFIED = 0x80
+_PROTOCOL_ERROR = 0x82
+_NOT_AUTHORIZED = 0x87
+_BAD_CREDENTIALS = 0x86
+_KEEP_ALIVE_TIMEOUT = 0x8D
+_TAKEN_OVER = 0x8E
+_FILTER_INVALID = 0x8F
+_TOPIC_INVALID = 0x90
+_TOPIC_ALIAS_INVALID = 0x94
+_PACKET_TOO_LARGE = 0x95
+_SERVER_SHUTTING_DOWN = 0x8B
+_RECEIVE_MAXIMUM_EXCEEDED = 0x93
+
+
+class _Close(Exception):
+    """End the connection; v5 clients get DISCONNECT with ``reason`` first."""
+
+    def __init__(self, reason: int, text: str) -> None:
+        super().__init__(text)
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Will:
+    packet: codec.Publish
+    client_id: str
+    delay_s: int
+
+    def outgoing(self, now_ms: int) -> Outgoing:
+        """The will as published now: its message expiry counts from now (v5 3.1.3.2.4)."""
+        packet = self.packet
+        message = message_from_publish(packet, client_id=self.client_id, now_ms=now_ms)
+        return Outgoing(
+            message=message,
+            topic=packet.topic,
+            qos=packet.qos,
+            retain=packet.retain,
+            publisher=self.client_id,
+        )
+
+
+class MqttConnection:
+    def __init__(
+        self, services: MqttServices, transport: Transport, connection_id: int | None
+    ) -> None:
+        self._services = services
+        self._config = services.config
+        self._transport = transport
+        self._connection_id = connection_id
+        self._clock = services.clock
+        self.state = ConnectionState.AWAIT_CONNECT
+        self._decoder = codec.Decoder(max_packet_bytes=self._config.max_packet_bytes)
+        self._v5 = False
+        self._caller: Caller | None = None
+        self._broker: Broker | None = None
+        self._session: Session | None = None
+        self.client_id = ""
+        self._keep_alive = 0
+        self._will: _Will | None = None
+        self._problem_info = True  # v5 3.1.2.11.7: reason strings only if the client wants
+        self._graceful = False
+        # inbound
+        self._early: list[codec.Packet] = []  # pipelined behind CONNECT
+        self._in_aliases: dict[int, str] = {}
+        self._inbound_unacked = 0  # QoS 1/2 PUBLISHes received, not yet acked (v5)
+        self._out = Outbound(services, transport)
+        self._finished: asyncio.Future[None] | None = None  # awaited by a takeover
+        self._done = False
+
+    # -- lifecycle -----------------------------------------------------------------
+
+    async def run(self) -> None:
+        try:
+            await self._serve()
+        except _Close as e:
+            log.debug("mqtt %s: closing: %s", self.client_id or "-", e)
+            self._goodbye(e.reason, str(e))
+        except (codec.MalformedPacket, codec.ProtocolError, codec.PacketTooLarge) as e:
+            log.info("mqtt %s: bad packet: %s", self.client_id or "-", e)
+            self._goodbye(e.reason, str(e))
+        except TimeoutError:
+            log.info("mqtt %s: keep-alive expired", self.client_id or "-")
+            self._goodbye(_KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+        except _Disconnected:
+            pass  # the client said goodbye
+        except asyncio.CancelledError:
+            self._goodbye(_SERVER_SHUTTING_DOWN, "server shutting down")
+            raise
+        finally:
+            await self._finish()
+
+    async def _serve(self) -> None:
+        connect = await self._first_packet()
+        if connect is None or not await self._accept(connect):
+            return
+        await self._read_loop()
+
+    async def _first_packet(self) -> codec.Connect | None:
+        try:
+            async with asyncio.timeout(_CONNECT_TIMEOUT_S):
+                while True:
+                    data = await self._transport.read()
+                    if not data:
+                        return None
+                    packets = self._decoder.feed(data)
+                    if packets:
+                        break
+        except TimeoutError:
+            return None
+        except codec.UnsupportedProtocol as e:
+            # v5 3.1.2.2: CONNACK 0x84 (v5) or return code 1 (v3), then close.
+            level = codec.LEVEL_5 if e.level == codec.LEVEL_5 else codec.LEVEL_311
+            reason = 0x84 if level == codec.LEVEL_5 else 0x01
+            self._transport.write(codec.encode(codec.ConnAck(reason=reason), level))
+            return None
+        except (codec.MalformedPacket, codec.ProtocolError, codec.PacketTooLarge) as e:
+            log.info("mqtt: bad first packet: %s", e)
+            return None
+        first = packets[0]
+        if not accepts(self.state, first) or not isinstance(first, codec.Connect):
+            log.info("mqtt: first packet is %s, not CONNECT", type(first).__name__)
+            return None
+        self._early = packets[1:]  # handled once connected
+        return first
+
+    async def _read_loop(self) -> None:
+        """Read, then handle everything the read brought before reading again: what
+        arrives while a batch is being stored waits in the socket and makes the next
+        batch (one append for many PUBLISHes, one ack call for many PUBACKs)."""
+        keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
+        loop = asyncio.get_running_loop()
+        packets, self._early = self._early, []
+        async with asyncio.timeout(None) as deadline:
+            while True:
+                for packet in packets:
+                    self._admit(packet)
+                await self._handle(packets)
+                if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
+                    self._out.flush()
+                    await self._transport.drain()
+                if keep_alive_s is not None:
+                    deadline.reschedule(loop.time() + keep_alive_s)
+                data = await self._transport.read()
+                if not data:
+                    return
+                deadline.reschedule(None)  # handling time is not the client's silence
+                packets = self._decoder.feed(data)
+
+    def _admit(self, packet: codec.Packet) -> None:
+        if not accepts(self.state, packet):
+            raise codec.ProtocolError(f"{type(packet).__name__} is not allowed here")
+        if isinstance(packet, codec.Publish) and packet.qos and self._v5:
+            # v5 3.3.4: at most receive-maximum QoS 1/2 PUBLISHes unacknowledged
+            self._inbound_unacked += 1
+            held = len(self._session.inbound_qos2) if self._session else 0
+            if self._inbound_unacked + held > self._config.receive_maximum:
+                raise _Close(_RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
+
+    async def _finish(self) -> None:
+        """Give back what was in flight, keep or end the session, send the will. A
+        server stop that cancels the connection meanwhile waits for this to end, so
+        a persistent session is always saved before storage closes."""
+        self.state = ConnectionState.CLOSING
+        wind_down = asyncio.ensure_future(self._wind_down())
+        try:
+            await asyncio.shield(wind_down)
+        except asyncio.CancelledError:
+            await wind_down
+            raise
+        finally:
+            self._transport.close()
+            self._done = True
+            if self._finished is not None and not self._finished.done():
+                self._finished.set_result(None)
+            if self._caller is not None:
+                self._services.stats.connected -= 1
+
+    async def _wind_down(self) -> None:
+        try:
+            await self._out.stop()
+            await self._end_session()
+        except Exception:
+            log.exception("mqtt %s: ending the session failed", self.client_id)
+
+    async def _end_session(self) -> None:
+        broker, session = self._broker, self._session
+        if broker is None or session is None:
+            return
+        will, self._will = self._will, None
+        if self._graceful:
+            will = None
+        kept = session.expiry_s > 0 and session.queue is not None
+        await broker.detach(session, self)
+        if will is None:
+            return
+        delay = min(will.delay_s, session.expiry_s) if kept else 0
+        clock = self._clock
+        if delay <= 0:
+            await broker.publish([will.outgoing(clock.now_ms())])
+        elif session.owner is None:  # v5 3.1.3.2.2: a resumed session cancels the will
+            broker.schedule(
+                session, delay, lambda: spawn(broker.publish([will.outgoing(clock.now_ms())]))
+            )
+
+    def _goodbye(self, reason: int, text: str = "") -> None:
+        """DISCONNECT with a reason for v5 clients that got their CONNACK (v5 4.13)."""
+        if self._v5 and self._caller is not None and self.state is not ConnectionState.CLOSING:
+            props = {codec.REASON_STRING: text[:200]} if text and self._problem_info else {}
+            self._out.write(codec.Disconnect(reason=reason, properties=props))
+            self._out.flush()
+        self.state = ConnectionState.CLOSING
+
+    async def take_over(self) -> None:
+        self._goodbye(_TAKEN_OVER, "another connection took the session over")
+        self._transport.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(10):
+                if not self._done:
+                    self._finished = asyncio.get_running_loop().create_future()
+                    await self._finished
+
+    # -- CONNECT ---------------------------------------------------------------------
+
+    async def _accept(self, connect: codec.Connect) -> bool:
+        self._out.level = connect.level
+        self._v5 = connect.level == codec.LEVEL_5
+        self._decoder.level = connect.level
+        props = connect.properties
+        services = self._services
+        password = None if connect.password is None else connect.password.decode("utf-8", "replace")
+        try:
+            principal = services.accounts.authenticate(connect.username, password)
+            services.accounts.authorize(principal, principal.default_namespace)
+        except AuthError as e:
+            log.info("mqtt: refused %r: %s", connect.username, e)
+            bad_login = isinstance(e, AuthenticationFailed)
+            reason = (
+                (_BAD_CREDENTIALS if bad_login else _NOT_AUTHORIZED)
+                if self._v5
+                else (4 if bad_login else 5)
+            )
+            self._out.write(codec.ConnAck(reason=reason))
+            self._out.flush()
+            return False
+        client_id = connect.client_id
+        assigned = not client_id
+        if assigned:
+            if not self._v5 and not connect.clean_start:
+                self._out.write(codec.ConnAck(reason=0x02))  # v3 3.1.3-8: identifier rejected
+                self._out.flush()
+                return False
+            client_id = f"auto-{uuid.uuid4().hex}"
+        self.client_id = client_id
+        namespace = principal.default_namespace
+        if self._v5:
+            expiry_s = int(props.get(codec.SESSION_EXPIRY, 0))
+            out = self._out
+            out.window = min(out.window, int(props.get(codec.RECEIVE_MAXIMUM, 65535)))
+            out.alias_max = int(props.get(codec.TOPIC_ALIAS_MAXIMUM, 0))
+            out.max_packet = int(props.get(codec.MAXIMUM_PACKET_SIZE, 0))
+            self._problem_info = props.get(codec.REQUEST_PROBLEM_INFO, 1) == 1
+        else:
+            expiry_s = 0 if connect.clean_start else self._config.default_session_expiry_s
+        self._keep_alive = connect.keep_alive
+        self._caller = Caller(
+            principal=principal,
+            namespace=namespace,
+            protocol="mqtt",
+            connection_id=self._connection_id,
+            client_id=client_id,
+        )
+        services.stats.connected += 1
+        if self._connection_id is not None:
+            with contextlib.suppress(KeyError):
+                services.connections.identify(
+                    self._connection_id,
+                    principal=principal,
+                    namespace=namespace,
+                    client_id=client_id,
+                )
+        if connect.will_topic is not None:
+            if not is_valid_topic_name(connect.will_topic):
+                raise _Close(_TOPIC_INVALID, "will topic is not a valid topic name")
+            self._will = _Will(
+                packet=codec.Publish(
+                    topic=connect.will_topic,
+                    payload=connect.will_payload,
+                    qos=connect.will_qos,
+                    retain=connect.will_retain,
+                    properties=connect.will_properties,
+                ),
+                client_id=client_id,
+                delay_s=int(connect.will_properties.get(codec.WILL_DELAY, 0)),
+            )
+        try:
+            self._broker = await services.brokers.get(namespace)
+            self._session, present = await self._broker.attach(
+                self, client_id, clean_start=connect.clean_start, expiry_s=expiry_s
+            )
+        except StorageError as e:  # v5 0x88 server unavailable, v3 return code 3
+            log.warning("mqtt %s: cannot open the session: %s", client_id, e)
+            self._out.write(codec.ConnAck(reason=0x88 if self._v5 else 3))
+            self._out.flush()
+            self._caller = None
+            services.stats.connected -= 1
+            return False
+        ack = codec.ConnAck(session_present=present)
+        if self._v5:
+            ack.properties = {
+                codec.RECEIVE_MAXIMUM: self._config.receive_maximum,
+                codec.MAXIMUM_PACKET_SIZE: self._config.max_packet_bytes,
+                codec.TOPIC_ALIAS_MAXIMUM: self._config.topic_alias_maximum,
+                codec.RETAIN_AVAILABLE: 1,
+                codec.WILDCARD_SUB_AVAILABLE: 1,
+                codec.SUB_ID_AVAILABLE: 1,
+                codec.SHARED_SUB_AVAILABLE: 1,
+            }
+            if assigned:
+                ack.properties[codec.ASSIGNED_CLIENT_ID] = client_id
+        self._out.write(ack)
+        self.state = ConnectionState.CONNECTED
+        self._out.bind(self._session, self._broker, self._caller)
+        return True
+
+    # -- packets in order ----------------------------------------------------------
+
+    async def _handle(self, packets: list[codec.Packet]) -> None:
+        """Handle packets in order, a run of PUBLISHes as one batch and a run of acks
+        of our PUBLISHes as one."""
+        i, end = 0, len(packets)
+        while i < end:
+            packet = packets[i]
+            j = i + 1
+            if isinstance(packet, codec.Publish):
+                while j < end and j - i < _BATCH and isinstance(packets[j], codec.Publish):
+                    j += 1
+                await self._on_publishes(packets[i:j])  # type: ignore[arg-type]
+            elif isinstance(packet, _ACKS):
+                while j < end and j - i < _BATCH and isinstance(packets[j], _ACKS):
+                    j += 1
+                await self._out.on_acks(packets[i:j])  # type: ignore[arg-type]
+            else:
+                await self._on_packet(packet)
+            i = j
+
+    async def _on_packet(self, packet: codec.Packet) -> None:
+        if isinstance(packet, codec.Subscribe):
+            await self._on_subscribe(packet)
+        elif isinstance(packet, codec.Unsubscribe):
+            await self._on_unsubscribe(packet)
+        elif isinstance(packet, codec.PingReq):
+            self._out.write(codec.PingResp())
+            self._out.flush()
+        elif isinstance(packet, codec.PubRel):
+            assert self._session is not None
+            known = packet.packet_id in self._session.inbound_qos2
+            self._session.inbound_qos2.discard(packet.packet_id)
+            reason = _SUCCESS if known else 0x92  # v5 3.7.2.1: packet identifier not found
+            self._out.write(codec.PubComp(packet_id=packet.packet_id, reason=reason))
+            self._out.flush()
+        elif isinstance(packet, codec.Disconnect):
+            self._on_disconnect(packet)
+
+    def _on_disconnect(self, packet: codec.Disconnect) -> None:
+        assert self._session is not None
+        expiry = packet.properties.get(codec.SESSION_EXPIRY)
+        if expiry is not None:
+            if self._session.expiry_s == 0 and expiry > 0:
+                raise _Close(
+                    _PROTOCOL_ERROR, "session expiry set at DISCONNECT after 0 (3.14.2.2.2)"
+                )
+            self._session.expiry_s = expiry
+        self._graceful = packet.reason != _DISCONNECT_WITH_WILL
+        self.state = ConnectionState.CLOSING
+        raise _Disconnected
+
+    # -- PUBLISH in ------------------------------------------------------------------
+
+    def _resolve_topic(self, packet: codec.Publish) -> str:
+        """Topic aliases (v5 3.3.2.3.4): an alias with a topic sets it, alone uses it."""
+        alias = packet.properties.pop(codec.TOPIC_ALIAS, None)
+        if alias is None:
+            return packet.topic
+        if not 0 < alias <= self._config.topic_alias_maximum:
+            raise _Close(_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+        if packet.topic:
+            self._in_aliases[alias] = packet.topic
+            return packet.topic
+        topic = self._in_aliases.get(alias)
+        if topic is None:
+            raise _Close(_PROTOCOL_ERROR, f"topic alias {alias} was never set")
+        return topic
+
+    async def _on_publishes(self, batch: list[codec.Publish]) -> None:
+        assert self._broker is not None and self._session is not None
+        session = self._session
+        items: list[Outgoing] = []
+        acks: list[codec.Packet] = []
+        now = self._clock.now_ms()
+        for packet in batch:
+            topic = self._resolve_topic(packet)
+            if not is_valid_topic_name(topic):
+                raise _Close(_TOPIC_INVALID, f"invalid topic name {topic!r} in PUBLISH")
+            if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+                acks.append(codec.PubRec(packet_id=packet.packet_id))  # a resend: stored
+                continue
+            if topic.startswith("$SYS"):
+                if packet.qos:
+                    ack = _ack_for(packet, _SUCCESS)  # v3 has no failure ack: dropped
+                    if self._v5:
+                        self._fail_ack(ack, _NOT_AUTHORIZED, "$SYS topics are the server's")
+                    acks.append(ack)
+                continue
+            try:
+                await self._broker.ensure_topic(storage_topic(topic))
+            except InvalidName as e:  # this one cannot be stored; the others can
+                if not self._v5:
+                    raise _Close(_TOPIC_INVALID, str(e)) from None
+                if packet.qos:
+                    acks.append(self._fail_ack(_ack_for(packet, _SUCCESS), _TOPIC_INVALID, str(e)))
+                continue
+            items.append(
+                Outgoing(
+                    message=message_from_publish(
+                        packet, client_id=self.client_id, now_ms=now, topic=topic
+                    ),
+                    topic=topic,
+                    qos=packet.qos,
+                    retain=packet.retain,
+                    publisher=self.client_id,
+                )
+            )
+            if packet.qos:
+                acks.append(_ack_for(packet, _SUCCESS))
+        if items:
+            try:
+                await self._broker.publish(items)
+            except (MessageTooLarge, InvalidName) as e:
+                failed = _PACKET_TOO_LARGE if isinstance(e, MessageTooLarge) else _TOPIC_INVALID
+                if not self._v5:
+                    raise _Close(failed, str(e)) from None
+                acks = [self._fail_ack(a, failed, str(e)) for a in acks]
+            except StorageError as e:
+                log.warning("mqtt %s: publish failed: %s", self.client_id, e)
+                if not self._v5:
+                    raise _Close(_UNSPECIFIED, str(e)) from None
+                acks = [self._fail_ack(a, _UNSPECIFIED, str(e)) for a in acks]
+        for ack in acks:
+            if isinstance(ack, codec.PubRec) and not ack.reason:
+                session.inbound_qos2.add(ack.packet_id)
+            self._out.write(ack)
+        if self._v5:
+            self._inbound_unacked -= sum(1 for p in batch if p.qos)
+        self._out.flush()
+
+    def _fail_ack(self, ack: codec.Packet, reason: int, text: str) -> codec.Packet:
+        """Turn a PUBACK/PUBREC into a failure, with a reason string if the client asked
+        for problem information (v5 3.1.2.11.7)."""
+        if isinstance(ack, codec.PubAck | codec.PubRec) and not ack.reason:
+            ack.reason = reason
+            if self._problem_info:
+                ack.properties[codec.REASON_STRING] = text[:200]
+        return ack
+
+    # -- SUBSCRIBE / UNSUBSCRIBE ---------------------------------------------------------
+
+    async def _on_subscribe(self, packet: codec.Subscribe) -> None:
+        assert self._broker is not None and self._session is not None
+        ids = packet.properties.get(codec.SUBSCRIPTION_ID, [])
+        if any(i == 0 for i in ids):
+            raise _Close(_PROTOCOL_ERROR, "subscription identifier 0")
+        sub_id = ids[0] if ids else None
+        reasons: list[int] = []
+        retained: list[Delivery] = []
+        for sub in packet.subscriptions:
+            try:
+                shared = split_shared(sub.filter)
+                valid = shared is not None or is_valid_filter(sub.filter)
+            except ValueError:
+                valid = False
+                shared = None
+            if not valid or (shared is not None and sub.no_local):
+                reasons.append(_FILTER_INVALID if self._v5 else 0x80)
+                continue
+            options = SubOptions(
+                qos=sub.qos,
+                no_local=sub.no_local,
+                retain_as_published=sub.retain_as_published,
+                retain_handling=sub.retain_handling,
+                subscription_id=sub_id,
+            )
+            new = await self._broker.subscribe(self._session, sub.filter, options)
+            reasons.append(sub.qos)
+            if shared is None and (sub.retain_handling == 0 or (sub.retain_handling == 1 and new)):
+                for topic, message in await self._broker.retained(sub.filter):
+                    retained.append(
+                        Delivery(
+                            message=message,
+                            topic=topic,
+                            qos=min(sub.qos, published_qos(message)),
+                            retain=True,
+                            subscription_ids=[sub_id] if sub_id else [],
+                        )
+                    )
+            for sys_delivery in self._services.sys_topics(sub.filter, sub_id):
+                retained.append(sys_delivery)
+        await self._broker.save_subscriptions(self._session)
+        self._out.write(codec.SubAck(packet_id=packet.packet_id, reasons=reasons))
+        for delivery in retained:
+            self.deliver(delivery)
+        self._out.flush()
+        self.wake()  # a new shared subscription: a new queue to pop
+
+    async def _on_unsubscribe(self, packet: codec.Unsubscribe) -> None:
+        assert self._broker is not None and self._session is not None
+        reasons = []
+        for topic_filter in packet.filters:
+            found = self._broker.unsubscribe(self._session, topic_filter)
+            reasons.append(_SUCCESS if found else _NO_SUBSCRIPTION)
+        await self._broker.save_subscriptions(self._session)
+        self._out.write(codec.UnsubAck(packet_id=packet.packet_id, reasons=reasons))
+        self._out.flush()
+
+    # -- SessionOwner: what the broker hands this connection --------------------------
+
+    def deliver(self, delivery: Delivery) -> None:
+        self._out.deliver(delivery)
+
+    def wake(self) -> None:
+        self._out.wake()
+
+
+class _Disconnected(Exception):
+    """The client sent DISCONNECT: stop reading."""
+
+
+def _ack_for(packet: codec.Publish, reason: int) -> codec.Packet:
+    if packet.qos == 2:
+        return codec.PubRec(packet_id=packet.packet_id, reason=reason)
+    return codec.PubAck(packet_id=packet.packet_id, reason=reason)

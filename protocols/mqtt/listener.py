@@ -1,0 +1,149 @@
+"""The MQTT listeners: TCP (``mqtt``, 1883) and WebSocket (``mqtt_ws``, 8083, any
+path, subprotocol ``mqtt``), both serving the same brokers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+
+from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.typing import Subprotocol
+
+from gateway.connections import TooManyConnections, current_connection_id, serving_connection
+from gateway.listeners import Listener, ListenerContext, TcpListener
+from protocols.mqtt.connection import MqttConnection
+from protocols.mqtt.services import MqttServices, services_for
+from protocols.mqtt.transport import TcpTransport, WebSocketTransport
+
+__all__ = ["MqttWebSocketListener", "mqtt_listener", "mqtt_ws_listener"]
+
+log = logging.getLogger(__name__)
+
+_SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
+
+
+def mqtt_listener(context: ListenerContext) -> Listener:
+    services = services_for(context)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connection = MqttConnection(services, TcpTransport(reader, writer), current_connection_id())
+        await connection.run()
+
+    return _MqttTcpListener(
+        TcpListener(
+            name=context.name,
+            host=context.host,
+            port=context.port,
+            handler=handle,
+            connections=context.connections,
+            protocol="mqtt",
+        ),
+        services,
+    )
+
+
+class _MqttTcpListener:
+    """The TCP listener, which also stops the brokers' background work."""
+
+    def __init__(self, tcp: TcpListener, services: MqttServices) -> None:
+        self._tcp = tcp
+        self._services = services
+
+    @property
+    def name(self) -> str:
+        return self._tcp.name
+
+    @property
+    def port(self) -> int:
+        return self._tcp.port
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self._tcp.address
+
+    async def start(self) -> None:
+        await self._tcp.start()
+        self._services.start()
+
+    async def stop(self) -> None:
+        await self._tcp.stop()
+        await self._services.stop()
+
+
+def mqtt_ws_listener(context: ListenerContext) -> Listener:
+    return MqttWebSocketListener(context, services_for(context))
+
+
+class MqttWebSocketListener:
+    """MQTT over WebSocket (v5 6.0): binary frames carry the MQTT byte stream."""
+
+    def __init__(self, context: ListenerContext, services: MqttServices) -> None:
+        self._context = context
+        self._services = services
+        self._server: Server | None = None
+        self._address: tuple[str, int] | None = None
+
+    @property
+    def name(self) -> str:
+        return self._context.name
+
+    @property
+    def port(self) -> int:
+        return self._context.port
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self._address
+
+    async def start(self) -> None:
+        self._server = await serve(
+            self._handle,
+            self._context.host,
+            self._context.port,
+            subprotocols=_SUBPROTOCOLS,
+            compression=None,
+            max_size=self._services.config.max_packet_bytes + 8,
+            ping_interval=None,
+        )
+        sockname = next(iter(self._server.sockets)).getsockname()
+        self._address = (sockname[0], sockname[1])
+        self._services.start()
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.close(close_connections=True)
+        await server.wait_closed()
+        self._address = None
+        await self._services.stop()
+
+    async def _handle(self, websocket: ServerConnection) -> None:
+        registry = self._context.connections
+        peer = websocket.remote_address
+        sock = websocket.transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as TcpListener
+        task = asyncio.current_task()
+
+        async def close() -> None:
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+                await asyncio.wait([task])
+
+        try:
+            conn = registry.register(protocol="mqtt", peer=f"{peer[0]}:{peer[1]}", close=close)
+        except TooManyConnections as e:
+            log.warning("%s: refused %s: %s", self.name, peer, e)
+            await websocket.close(1013, "too many connections")
+            return
+        try:
+            with serving_connection(conn.id), contextlib.suppress(asyncio.CancelledError):
+                transport = WebSocketTransport(websocket)
+                await MqttConnection(self._services, transport, conn.id).run()
+                await transport.drain()
+        finally:
+            registry.unregister(conn.id)
+            await websocket.close()

@@ -1,0 +1,346 @@
+"""What a connection sends: PUBLISH packets to the client with their packet ids,
+in-flight window, topic aliases and acks, from memory or from the session's queues.
+
+Queue-based deliveries (persistent sessions, shared subscriptions) come from a pump
+that pops the queues while the in-flight window has room; PUBACK (or PUBREC) acks
+them in storage; what is in flight when the connection ends is given back at once.
+Writes are buffered and flushed once per loop turn, so a burst of deliveries costs
+one system call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass
+
+from gateway.processor import Caller
+from protocols.mqtt import codec
+from protocols.mqtt.broker import POP_GROUP, Broker, Delivery, Session, SubOptions
+from protocols.mqtt.mapping import (
+    MQTT_RETAIN,
+    mqtt_topic_of,
+    publish_from_message,
+    published_qos,
+)
+from protocols.mqtt.services import MqttServices
+from protocols.mqtt.topic_filter_index import SHARE_PREFIX
+from protocols.mqtt.transport import Transport
+from storage.errors import StorageError
+from storage.model import Message, StoredMessage
+
+__all__ = ["Outbound"]
+
+log = logging.getLogger(__name__)
+
+_INVISIBLE_MS = 30_000  # a popped message not acked in this time is handed out again
+_STOP_WAIT_S = 10.0  # for the pump's storage call in progress when the connection ends
+_REPOLL_S = 30.0  # = the invisibility: popped messages never acked show up again
+_SHARED_BATCH = 4
+_BACKLOG_LIMIT = 10_000  # memory deliveries waiting for window room, per connection
+QOS0_DROP_BYTES = 8 << 20  # a subscriber this far behind loses QoS 0 messages
+
+Ack = codec.PubAck | codec.PubRec | codec.PubComp
+
+
+@dataclass(slots=True)
+class _InFlight:
+    qos: int
+    receipt: str | None
+    released: bool = False  # QoS 2: PUBREC came, PUBREL sent
+
+
+class Outbound:
+    def __init__(self, services: MqttServices, transport: Transport) -> None:
+        self._services = services
+        self._transport = transport
+        self._clock = services.clock
+        self.level = codec.LEVEL_311
+        self.active = False  # delivering: between CONNACK and the connection's end
+        self.window = services.config.receive_maximum
+        self.alias_max = 0  # the client's Topic Alias Maximum
+        self.max_packet = 0  # the client's Maximum Packet Size (0: none)
+        self._session: Session | None = None
+        self._broker: Broker | None = None
+        self._caller: Caller | None = None
+        self._inflight: dict[int, _InFlight] = {}
+        self._next_pid = 1
+        # Created on first need: an idle connection stays small (each Event and deque
+        # costs most of a kilobyte, and servers hold tens of thousands of connections).
+        self._backlog: deque[Delivery] | None = None
+        self._aliases: dict[str, int] = {}
+        self._out = bytearray()
+        self._flush_scheduled = False
+        self._to_ack: list[str] = []
+        self._pump_task: asyncio.Task[None] | None = None
+        self._pump_wake: asyncio.Event | None = None
+
+    def bind(self, session: Session, broker: Broker, caller: Caller) -> None:
+        """Start delivering for ``session``; resume its QoS 2 flows (v5 4.4)."""
+        self._session, self._broker, self._caller = session, broker, caller
+        self.active = True
+        for pid in sorted(session.outbound_pubrel):
+            self._inflight[pid] = _InFlight(2, None, released=True)
+            self.write(codec.PubRel(packet_id=pid))
+        self.flush()
+        self.wake()
+
+    async def stop(self) -> None:
+        """Stop delivering; what was popped and not acked goes back to its queue now
+        (not after the invisibility timeout), so the session's next connection, or
+        another member of a shared group, gets it again, marked DUP."""
+        self.active = False
+        self.flush()
+        task, self._pump_task = self._pump_task, None
+        if task is not None:
+            # Let the pump finish its storage call rather than cancel it: a pop cut
+            # short after handing messages out would leave them invisible, unknown to us.
+            assert self._pump_wake is not None
+            self._pump_wake.set()
+            _, pending = await asyncio.wait({task}, timeout=_STOP_WAIT_S)
+            for late in pending:
+                late.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        caller = self._caller
+        if caller is None:
+            return
+        processor = self._services.processor
+        if self._to_ack:
+            await processor.ack_many(caller, POP_GROUP, self._to_ack)
+            self._to_ack = []
+        for flight in self._inflight.values():
+            if flight.receipt and not flight.released:
+                try:
+                    await processor.nack(caller, POP_GROUP, flight.receipt)
+                except StorageError as e:
+                    log.debug("mqtt: giving back %s failed: %s", flight.receipt, e)
+        self._inflight.clear()
+
+    # -- bytes out ---------------------------------------------------------------------
+
+    def write(self, packet: codec.Packet) -> None:
+        self._out += codec.encode(packet, self.level)
+
+    def flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out:
+            data = bytes(self._out)
+            self._out.clear()
+            self._transport.write(data)
+
+    def pending_bytes(self) -> int:
+        return self._transport.backlog() + len(self._out)
+
+    # -- acks from the client ------------------------------------------------------------
+
+    async def on_acks(self, acks: list[Ack]) -> None:
+        """PUBACK / PUBREC / PUBCOMP of what we sent: free the window, ack storage."""
+        assert self._session is not None and self._caller is not None
+        receipts: list[str] = []
+        for ack in acks:
+            flight = self._inflight.get(ack.packet_id)
+            if flight is None:
+                continue
+            if isinstance(ack, codec.PubRec) and not flight.released:
+                if flight.receipt:
+                    receipts.append(flight.receipt)
+                if ack.reason >= 0x80:  # the client refused it: the flow ends here
+                    del self._inflight[ack.packet_id]
+                    continue
+                flight.released = True
+                self._session.outbound_pubrel.add(ack.packet_id)
+                self.write(codec.PubRel(packet_id=ack.packet_id))
+            elif isinstance(ack, codec.PubAck) and flight.qos == 1:
+                del self._inflight[ack.packet_id]
+                if flight.receipt:
+                    receipts.append(flight.receipt)
+            elif isinstance(ack, codec.PubComp) and flight.released:
+                del self._inflight[ack.packet_id]
+                self._session.outbound_pubrel.discard(ack.packet_id)
+        self.flush()
+        receipts += self._to_ack
+        self._to_ack = []
+        if receipts:
+            await self._services.processor.ack_many(self._caller, POP_GROUP, receipts)
+        backlog = self._backlog
+        while backlog and len(self._inflight) < self.window:
+            self.deliver(backlog.popleft())
+        self.flush()
+        self.wake()
+
+    # -- PUBLISH out ---------------------------------------------------------------------
+
+    def wake(self) -> None:
+        """Let the pump look at the queues again; start it on first need (most
+        connections, clean sessions without shared subscriptions, never need one)."""
+        if self._pump_task is None:
+            session = self._session
+            if not self.active or session is None:
+                return
+            if session.queue is None and not any(
+                f.startswith(SHARE_PREFIX) for f in session.subscriptions
+            ):
+                return
+            self._pump_wake = asyncio.Event()
+            self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+        if self._pump_wake is not None:
+            self._pump_wake.set()
+
+    def deliver(self, delivery: Delivery) -> None:
+        """Send a message from memory (clean sessions, QoS 0, retained on subscribe)."""
+        if not self.active:
+            return
+        message = delivery.message
+        if message.expiry_ms is not None and message.expiry_ms <= self._clock.now_ms():
+            return
+        if delivery.qos == 0:
+            if self.pending_bytes() > QOS0_DROP_BYTES:
+                return
+        elif len(self._inflight) >= self.window:
+            if self._backlog is None:
+                self._backlog = deque()
+            if len(self._backlog) < _BACKLOG_LIMIT:
+                self._backlog.append(delivery)
+            return
+        sent = self._send(
+            delivery.message,
+            delivery.topic,
+            delivery.qos,
+            delivery.retain,
+            delivery.subscription_ids,
+            receipt=None,
+            dup=False,
+        )
+        if sent and self._caller is not None:  # pops are metered by the processor
+            self._services.metering.record_out(
+                self._caller.namespace, "mqtt", messages=1, nbytes=len(message.body)
+            )
+
+    def _send(
+        self,
+        message: Message,
+        topic: str,
+        qos: int,
+        retain: bool,
+        subscription_ids: list[int],
+        *,
+        receipt: str | None,
+        dup: bool,
+    ) -> bool:
+        v5 = self.level == codec.LEVEL_5
+        packet = publish_from_message(
+            message, topic=topic, qos=qos, retain=retain, now_ms=self._clock.now_ms(), v5=v5
+        )
+        if v5:
+            if subscription_ids:
+                packet.properties[codec.SUBSCRIPTION_ID] = subscription_ids
+            if self.alias_max:  # topic aliases (v5 3.3.2.3.4), first come first served
+                alias = self._aliases.get(topic)
+                if alias is not None:
+                    packet.topic = ""
+                    packet.properties[codec.TOPIC_ALIAS] = alias
+                elif len(self._aliases) < self.alias_max:
+                    alias = self._aliases[topic] = len(self._aliases) + 1
+                    packet.properties[codec.TOPIC_ALIAS] = alias
+        if qos:
+            packet.packet_id = self._allocate_pid()
+            packet.dup = dup
+        data = codec.encode(packet, self.level)
+        if self.max_packet and len(data) > self.max_packet:
+            return False  # v5 3.1.2.11.4: discarded as if delivered
+        if qos:
+            self._inflight[packet.packet_id] = _InFlight(qos, receipt)
+        self._services.stats.sent += 1
+        self._out += data
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
+    def _allocate_pid(self) -> int:
+        pid = self._next_pid
+        while pid in self._inflight or (
+            self._session is not None and pid in self._session.outbound_pubrel
+        ):
+            pid = pid % 65535 + 1
+        self._next_pid = pid % 65535 + 1
+        return pid
+
+    # -- the pump: queue-based deliveries ------------------------------------------------
+
+    async def _pump(self) -> None:
+        """Pop while the window has room, then sleep until woken.
+
+        The pump does not long-poll storage: the broker wakes it after every append
+        into a queue it pops (it is the only writer of those queues), and so do acks,
+        new shared subscriptions and a shared-group member leaving (storage does not
+        wake a waiting pop for a message given back). A storage call that the
+        connection's end cancels is then never left waiting with messages it might
+        still hand out. Messages whose invisibility ran out (after a crash) are found
+        by the poll every ``_REPOLL_S``."""
+        assert self._broker is not None and self._session is not None
+        assert self._caller is not None and self._pump_wake is not None
+        broker, session, caller, wake = self._broker, self._session, self._caller, self._pump_wake
+        processor = self._services.processor
+        while self.active:
+            room = self.window - len(self._inflight)
+            shared = broker.shared_queues(session)
+            queues = [q for q, _ in shared]
+            if session.queue is not None:
+                queues.append(session.queue)
+            wake.clear()
+            popped: list[StoredMessage] = []
+            if room > 0 and queues:
+                try:
+                    # Members of a shared group take a few at a time, so the group's
+                    # messages spread over the members rather than go to the first.
+                    popped = await processor.pop(
+                        caller,
+                        POP_GROUP,
+                        queues,
+                        max_messages=min(room, _SHARED_BATCH) if shared else room,
+                        invisible_ms=_INVISIBLE_MS,
+                    )
+                except StorageError as e:
+                    log.warning("mqtt %s: pop failed: %s", session.client_id, e)
+            options = dict(shared)
+            for stored in popped:
+                self._send_stored(stored, options.get(stored.queue))
+            self.flush()
+            if self._to_ack:
+                receipts, self._to_ack = self._to_ack, []
+                await processor.ack_many(caller, POP_GROUP, receipts)
+            if not popped:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_REPOLL_S):
+                        await wake.wait()
+
+    def _send_stored(self, stored: StoredMessage, shared: SubOptions | None) -> None:
+        assert self._broker is not None and self._session is not None
+        assert stored.receipt is not None
+        message = stored.message
+        topic = mqtt_topic_of(message, stored.queue.topic)
+        if shared is not None:
+            qos, rap = shared.qos, shared.retain_as_published
+            ids = [shared.subscription_id] if shared.subscription_id else []
+        else:
+            grant = self._broker.session_grant(self._session, topic)
+            if grant is None:  # unsubscribed since it was queued
+                self._to_ack.append(stored.receipt)
+                return
+            qos, ids, rap = grant
+        qos = min(qos, published_qos(message))
+        retain = rap and message.property(MQTT_RETAIN) == b"1"
+        sent = self._send(
+            message,
+            topic,
+            qos,
+            retain,
+            ids,
+            receipt=stored.receipt if qos else None,
+            dup=stored.delivery_attempt > 1,
+        )
+        if not qos or not sent:
+            self._to_ack.append(stored.receipt)

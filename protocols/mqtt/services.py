@@ -1,0 +1,161 @@
+"""What every MQTT connection of one gateway shares, across the TCP and WebSocket
+listeners: the per-namespace brokers (so a client id taken over over TCP is taken
+over from WebSocket too), counters, and the ``$SYS`` topics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import weakref
+from dataclasses import dataclass
+
+from gateway.accounts import Accounts
+from gateway.config import MqttConfig
+from gateway.connections import ConnectionRegistry
+from gateway.listeners import ListenerContext
+from gateway.metering import Metering
+from gateway.processor import Processor
+from protocols.mqtt.broker import Broker, Delivery
+from protocols.mqtt.topic_filter_index import filter_matches
+from storage.clock import Clock
+from storage.model import Message
+
+__all__ = ["BrokerRegistry", "MqttServices", "Stats", "services_for"]
+
+
+@dataclass(slots=True)
+class Stats:
+    started_ms: int
+    connected: int = 0
+    sent: int = 0
+
+
+class BrokerRegistry:
+    """One :class:`Broker` per namespace, loaded from storage on first use."""
+
+    def __init__(self, processor: Processor) -> None:
+        self._processor = processor
+        self._brokers: dict[str, Broker] = {}
+        self._loading: dict[str, asyncio.Future[Broker]] = {}
+
+    async def get(self, namespace: str) -> Broker:
+        broker = self._brokers.get(namespace)
+        if broker is not None:
+            return broker
+        pending = self._loading.get(namespace)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        future: asyncio.Future[Broker] = asyncio.get_running_loop().create_future()
+        self._loading[namespace] = future
+        try:
+            broker = await Broker.load(self._processor, namespace)
+        except BaseException as e:
+            future.set_exception(e)
+            future.exception()  # retrieved: waiters re-raise it
+            raise
+        finally:
+            del self._loading[namespace]
+        self._brokers[namespace] = broker
+        future.set_result(broker)
+        return broker
+
+    def loaded(self) -> list[Broker]:
+        return list(self._brokers.values())
+
+    async def close(self) -> None:
+        """Stop the brokers' background work (listener stop)."""
+        for broker in list(self._brokers.values()):
+            await broker.close()
+
+
+@dataclass(slots=True, kw_only=True)
+class MqttServices:
+    processor: Processor
+    accounts: Accounts
+    metering: Metering
+    connections: ConnectionRegistry
+    config: MqttConfig
+    clock: Clock
+    brokers: BrokerRegistry
+    stats: Stats
+    version: str = "polymq"
+    sys_interval_s: float = 10.0  # Mosquitto's sys_interval default
+    _sys_task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        """Start publishing ``$SYS`` every ``sys_interval_s`` (idempotent: both
+        listeners call it)."""
+        if self._sys_task is None or self._sys_task.done():
+            self._sys_task = asyncio.get_running_loop().create_task(self._publish_sys())
+
+    async def stop(self) -> None:
+        task, self._sys_task = self._sys_task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.brokers.close()
+
+    async def _publish_sys(self) -> None:
+        while True:
+            await asyncio.sleep(self.sys_interval_s)
+            now = self.clock.now_ms()
+            values = self.sys_values()
+            for broker in self.brokers.loaded():
+                for topic, value in values.items():
+                    broker.deliver_transient(topic, Message(body=value, born_timestamp_ms=now))
+
+    def sys_values(self) -> dict[str, bytes]:
+        """The ``$SYS/broker/...`` topics and their current values (Mosquitto's
+        names)."""
+        brokers = self.brokers.loaded()
+        uptime_s = (self.clock.now_ms() - self.stats.started_ms) // 1000
+        received = sum(b.messages_in for b in brokers)
+        return {
+            "$SYS/broker/version": self.version.encode(),
+            "$SYS/broker/uptime": f"{uptime_s} seconds".encode(),
+            "$SYS/broker/clients/connected": str(self.stats.connected).encode(),
+            "$SYS/broker/messages/received": str(received).encode(),
+            "$SYS/broker/messages/sent": str(self.stats.sent).encode(),
+            "$SYS/broker/subscriptions/count": str(sum(len(b.index) for b in brokers)).encode(),
+        }
+
+    def sys_topics(self, topic_filter: str, subscription_id: int | None) -> list[Delivery]:
+        """Current ``$SYS`` values matching a new subscription, sent as retained."""
+        if not topic_filter.startswith("$SYS"):
+            return []
+        now = self.clock.now_ms()
+        return [
+            Delivery(
+                message=Message(body=value, born_timestamp_ms=now),
+                topic=topic,
+                qos=0,
+                retain=True,
+                subscription_ids=[subscription_id] if subscription_id else [],
+            )
+            for topic, value in self.sys_values().items()
+            if filter_matches(topic_filter, topic)
+        ]
+
+
+_SHARED: weakref.WeakKeyDictionary[Processor, MqttServices] = weakref.WeakKeyDictionary()
+
+
+def services_for(context: ListenerContext) -> MqttServices:
+    """The services shared by the MQTT listeners of one gateway (keyed by its
+    processor, which both listeners' contexts carry)."""
+    services = _SHARED.get(context.processor)
+    if services is None:
+        services = MqttServices(
+            processor=context.processor,
+            accounts=context.accounts,
+            metering=context.metering,
+            connections=context.connections,
+            config=context.config.mqtt,
+            clock=context.clock,
+            brokers=BrokerRegistry(context.processor),
+            stats=Stats(started_ms=context.clock.now_ms()),
+        )
+        _SHARED[context.processor] = services
+    return services

@@ -1,0 +1,142 @@
+"""Messages other protocols put into a storage topic, brought to MQTT subscribers.
+
+An MQTT publish is routed when it arrives; a Kafka record or an AMQP message that
+lands in storage topic ``sensors`` is not. A tail follows each queue of a storage
+topic that some MQTT filter can reach by its first level (offset mode, from the end
+at the time the tail first starts, then from its committed offset) and routes the
+messages that carry no ``mqtt.topic`` property, under the storage topic's name
+(DESIGN.md mapping).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+
+from gateway.processor import Caller, Processor
+from protocols import interop
+from storage.errors import InvalidName, OffsetOutOfRange, StorageError, TopicNotFound
+from storage.model import QueueRef, StoredMessage
+
+__all__ = ["TAIL_GROUP", "TopicTail"]
+
+log = logging.getLogger(__name__)
+
+_WAIT_MS = 5_000
+_RETRY_S = 1.0
+_COMMIT_EVERY_S = 10.0  # the position, when only MQTT's own messages went by
+TAIL_GROUP = "mqtt.tail"  # the consumer group whose offsets say how far tails got
+
+Route = Callable[[list[StoredMessage], bool], Awaitable[None]]
+"""Route messages from another protocol; the flag says whether online clients get
+them too (live) or only queues (caught up after a gap)."""
+
+
+class TopicTail:
+    """Follows every queue of one storage topic while :attr:`wanted` says so."""
+
+    def __init__(
+        self,
+        processor: Processor,
+        caller: Caller,
+        topic: str,
+        route: Route,
+        wanted: Callable[[], bool],
+    ) -> None:
+        self._processor = processor
+        self._caller = caller
+        self.topic = topic
+        self._route = route
+        self._wanted = wanted
+        self._tasks: list[asyncio.Task[None]] = []
+        self._main: asyncio.Task[None] | None = None
+        self._ready = asyncio.Event()
+
+    async def ready(self) -> None:
+        """Wait until the tail knows where it starts: a message stored after this
+        returns is routed."""
+        await self._ready.wait()
+
+    def done(self) -> bool:
+        return self._main is None or self._main.done()
+
+    def start(self) -> None:
+        self._main = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        tasks = [t for t in (self._main, *self._tasks) if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task
+
+    async def _run(self) -> None:
+        namespace = self._caller.namespace
+        from_start = False  # a topic created after the tail started: all of it is new
+        while self._wanted():
+            try:
+                info = await self._processor.describe_topic(self._caller, self.topic)
+            except TopicNotFound:
+                from_start = True
+                self._ready.set()
+                await asyncio.sleep(_RETRY_S)  # nobody produced to it yet
+                continue
+            except InvalidName:
+                self._ready.set()  # no storage topic can have this name: nothing to follow
+                return
+            except StorageError as e:
+                log.warning("mqtt tail of %s: %s", self.topic, e)
+                self._ready.set()
+                await asyncio.sleep(_RETRY_S)
+                continue
+            starts = []
+            for i, offsets in enumerate(info.queues):
+                queue = QueueRef(namespace, self.topic, i)
+                committed = await self._processor.fetch_offset(self._caller, TAIL_GROUP, queue)
+                if committed is not None:  # resume where the last run stopped
+                    start = committed.offset
+                else:  # first run: from here on, and remember that
+                    start = offsets.earliest if from_start else offsets.latest
+                    await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, start)
+                starts.append((queue, start, offsets.latest))
+            loop = asyncio.get_running_loop()
+            self._tasks = [loop.create_task(self._follow(*start)) for start in starts]
+            self._ready.set()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            self._tasks = []
+
+    async def _follow(self, queue: QueueRef, offset: int, live_from: int) -> None:
+        """Route what arrives from ``offset`` on. Messages below ``live_from`` were
+        stored while nobody followed (the gateway was down): they go to the queues of
+        persistent sessions and shared groups only, not to clients that subscribed
+        after them. The position is committed, so a restart resumes from it."""
+        committed, committed_at = offset, time.monotonic()
+        while self._wanted():
+            try:
+                result = await self._processor.read(
+                    self._caller, queue, offset, max_messages=256, wait_ms=_WAIT_MS
+                )
+            except OffsetOutOfRange as e:
+                offset = e.earliest if offset < e.earliest else e.latest
+                continue
+            except TopicNotFound:
+                return
+            foreign = [m for m in result.messages if m.message.property(interop.MQTT_TOPIC) is None]
+            offset = result.next_offset
+            try:
+                old = [m for m in foreign if m.offset < live_from]
+                if old:
+                    await self._route(old, False)
+                if len(old) < len(foreign):
+                    await self._route(foreign[len(old) :], True)
+            except Exception:
+                log.exception("mqtt tail of %s: routing failed", queue)
+            if offset != committed and (
+                foreign or time.monotonic() - committed_at > _COMMIT_EVERY_S
+            ):
+                await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, offset)
+                committed, committed_at = offset, time.monotonic()

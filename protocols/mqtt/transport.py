@@ -1,0 +1,104 @@
+"""The byte pipes an MQTT connection runs over: a TCP stream or a WebSocket (whose
+binary frames carry MQTT bytes with no regard to packet boundaries, v5 6.0)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Protocol
+
+from websockets.asyncio.server import ServerConnection
+from websockets.exceptions import ConnectionClosed
+
+__all__ = ["TcpTransport", "Transport", "WebSocketTransport"]
+
+
+class Transport(Protocol):
+    async def read(self) -> bytes:
+        """The next bytes from the peer; ``b""`` once it has closed."""
+        ...
+
+    def write(self, data: bytes) -> None: ...
+
+    def backlog(self) -> int:
+        """Bytes written but not yet handed to the kernel."""
+        ...
+
+    async def drain(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class TcpTransport:
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader = reader
+        self._writer = writer
+
+    async def read(self) -> bytes:
+        return await self._reader.read(1 << 16)
+
+    def write(self, data: bytes) -> None:
+        if not self._writer.is_closing():
+            self._writer.write(data)
+
+    def backlog(self) -> int:
+        return self._writer.transport.get_write_buffer_size()
+
+    async def drain(self) -> None:
+        await self._writer.drain()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WebSocketTransport:
+    """Writes are queued and sent in order by one task, since a WebSocket send is a
+    coroutine and MQTT's writers are not."""
+
+    def __init__(self, websocket: ServerConnection) -> None:
+        self._ws = websocket
+        self._pending: list[bytes] = []
+        self._queued = 0
+        self._sender: asyncio.Task[None] | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._closing: asyncio.Task[None] | None = None
+
+    async def read(self) -> bytes:
+        try:
+            data = await self._ws.recv()
+        except ConnectionClosed:
+            return b""
+        return data.encode() if isinstance(data, str) else bytes(data)
+
+    def write(self, data: bytes) -> None:
+        self._pending.append(data)
+        self._queued += len(data)
+        if self._sender is None or self._sender.done():
+            self._idle.clear()
+            self._sender = asyncio.get_running_loop().create_task(self._send())
+
+    async def _send(self) -> None:
+        try:
+            while self._pending:
+                chunk = b"".join(self._pending)
+                self._pending.clear()
+                self._queued = 0
+                await self._ws.send(chunk)
+        except ConnectionClosed:
+            self._pending.clear()
+        finally:
+            self._idle.set()
+
+    def backlog(self) -> int:
+        return self._queued
+
+    async def drain(self) -> None:
+        await self._idle.wait()
+
+    def close(self) -> None:
+        async def close_after_send() -> None:
+            await self._idle.wait()
+            await self._ws.close()
+
+        if self._closing is None:
+            self._closing = asyncio.get_running_loop().create_task(close_after_send())
