@@ -273,9 +273,12 @@ async def main_async(quick: bool, durability: str) -> None:
     with server_process(durability) as (base, process):
         async with httpx.AsyncClient(base_url=base) as admin:
             (await admin.put("/queues/bench")).raise_for_status()
+        from protocols.http.listener import HTTP_PARSER
+
         print(
             f"server pid {process.pid}; durability {durability}; {CONCURRENCY} keep-alive "
-            f"connections from {CLIENTS} client processes; body 256 B"
+            f"connections from {CLIENTS} client processes; body 256 B; "
+            f"http parser {HTTP_PARSER}"
         )
         print(HEADER)
         scenarios = (

@@ -4,8 +4,9 @@ uvicorn owns the connections here, so this is a small Listener of its own rather
 a ``TcpListener``: it binds the socket itself (so port 0 works and the bound address
 is known at once), runs ``uvicorn.Server.serve(sockets=[sock])`` as a task, and stops
 it by setting ``should_exit``. Each HTTP connection is entered in the gateway's
-connection registry (and refused at its limit) by a thin subclass of uvicorn's h11
-protocol.
+connection registry (and refused at its limit) by a thin subclass of uvicorn's HTTP
+protocol: the httptools one when ``httptools`` is installed (its C parser costs a
+fraction of h11's pure-Python one per request), else h11.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import uvicorn
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
@@ -25,7 +27,7 @@ from gateway.listeners import Listener, ListenerContext
 from protocols.http.app import HttpApp, build_app
 from protocols.mns.request import CONNECTION_ID
 
-__all__ = ["HttpListener", "http_listener"]
+__all__ = ["HTTP_PARSER", "HttpListener", "http_listener"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +45,19 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
+if TYPE_CHECKING:
+    _Protocol = H11Protocol  # the httptools one has the same surface used here
+else:
+    try:
+        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Protocol
+    except ImportError:  # httptools is not installed
+        _Protocol = H11Protocol
+
+HTTP_PARSER = "h11" if _Protocol is H11Protocol else "httptools"
+
+
 def _registered_protocol(connections: ConnectionRegistry) -> type[H11Protocol]:
-    class RegisteredH11Protocol(H11Protocol):
+    class RegisteredProtocol(_Protocol):
         _connection_id: int | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -82,7 +95,7 @@ def _registered_protocol(connections: ConnectionRegistry) -> type[H11Protocol]:
                 self._connection_id = None
             super().connection_lost(exc)
 
-    return RegisteredH11Protocol
+    return RegisteredProtocol
 
 
 class HttpListener:
@@ -128,7 +141,7 @@ class HttpListener:
             raise
         http = build_app(self._context, notify_retry_unit_ms=self._notify_retry_unit_ms)
         config = uvicorn.Config(
-            http.app,
+            http.asgi,
             lifespan="off",
             log_config=None,  # the gateway configured logging; uvicorn's loggers propagate
             log_level="warning",
@@ -137,6 +150,7 @@ class HttpListener:
             timeout_keep_alive=_KEEP_ALIVE_S,
             timeout_graceful_shutdown=_GRACEFUL_STOP_S,
             server_header=False,
+            proxy_headers=False,  # no proxy in front to trust; and a layer less per request
         )
         server = _EmbeddedServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn {self.name}")

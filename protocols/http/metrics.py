@@ -143,6 +143,8 @@ class LatencyMiddleware:
     def __init__(self, app: ASGIApp, histogram: Histogram) -> None:
         self._app = app
         self._histogram = histogram
+        # Label sets are few (method x route template x status): bounded.
+        self._children: dict[tuple[str, str, int], Histogram] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -161,6 +163,10 @@ class LatencyMiddleware:
             await self._app(scope, receive, timed_send)
         finally:
             route = getattr(scope.get("route"), "path", "unmatched")
-            self._histogram.labels(scope["method"], route, str(status)).observe(
-                time.perf_counter() - start
-            )
+            key = (scope["method"], route, status)
+            child = self._children.get(key)
+            if child is None:  # ``labels`` is slow for a per-request call: keep each
+                child = self._children[key] = self._histogram.labels(
+                    route=route, method=key[0], status=str(status)
+                )
+            child.observe(time.perf_counter() - start)

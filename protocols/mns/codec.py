@@ -98,28 +98,53 @@ def _xml_text(value: Any) -> str:
     return str(value)
 
 
-def _to_element(parent: ElementTree.Element, tag: str, value: Any) -> None:
+def _escape(text: str) -> str:
+    """Character data as ``ElementTree`` escapes it."""
+    if "&" in text:
+        text = text.replace("&", "&amp;")
+    if "<" in text:
+        text = text.replace("<", "&lt;")
+    if ">" in text:
+        text = text.replace(">", "&gt;")
+    return text
+
+
+def _element(out: list[str], tag: str, children: list[str]) -> None:
+    if children:
+        out.append(f"<{tag}>")
+        out.extend(children)
+        out.append(f"</{tag}>")
+    else:
+        out.append(f"<{tag} />")
+
+
+def _to_xml(out: list[str], tag: str, value: Any) -> None:
+    """Append ``value`` as element(s) named ``tag``: byte for byte what ``ElementTree``
+    writes for the same tree, built as strings (several times faster, and every MNS
+    response goes through here)."""
     if value is None:
         return
     if isinstance(value, Mapping):
-        element = ElementTree.SubElement(parent, tag)
-        _fill(element, value)
+        children: list[str] = []
+        for key, child in value.items():
+            _to_xml(children, key, child)
+        _element(out, tag, children)
     elif isinstance(value, list | tuple):
         item = ITEM_TAGS.get(tag)
         if item is None:  # a repeated element: <Queue>..</Queue><Queue>..</Queue>
             for entry in value:
-                _to_element(parent, tag, entry)
+                _to_xml(out, tag, entry)
         else:
-            element = ElementTree.SubElement(parent, tag)
+            items: list[str] = []
             for entry in value:
-                _to_element(element, item, entry)
+                _to_xml(items, item, entry)
+            _element(out, tag, items)
     else:
-        ElementTree.SubElement(parent, tag).text = _xml_text(value)
+        text = _xml_text(value)
+        out.append(f"<{tag}>{_escape(text)}</{tag}>" if text else f"<{tag} />")
 
 
-def _fill(element: ElementTree.Element, fields: Mapping[str, Any]) -> None:
-    for key, value in fields.items():
-        _to_element(element, key, value)
+_DECLARATION = "<?xml version='1.0' encoding='utf-8'?>\n"
 
 
 def encode(root: str, value: Mapping[str, Any] | Sequence[Any], *, as_json: bool) -> bytes:
@@ -137,12 +162,14 @@ def encode(root: str, value: Mapping[str, Any] | Sequence[Any], *, as_json: bool
             # <Queues><Queue/>...<NextMarker/></Queues> reads {"Queues": [...], "NextMarker"}
             fields = {root: fields.pop(item), **fields}
         return json.dumps(fields).encode()
-    element = ElementTree.Element(root, {"xmlns": XMLNS})
+    children: list[str] = []
     if isinstance(value, Mapping):
-        _fill(element, value)
+        for key, child in value.items():
+            _to_xml(children, key, child)
     else:
         item = ITEM_TAGS[root]
         for entry in value:
-            _to_element(element, item, entry)
-    body: bytes = ElementTree.tostring(element, encoding="utf-8", xml_declaration=True)
-    return body
+            _to_xml(children, item, entry)
+    head = f'{_DECLARATION}<{root} xmlns="{XMLNS}"'
+    text = f"{head}>{''.join(children)}</{root}>" if children else f"{head} />"
+    return text.encode("utf-8", "xmlcharrefreplace")

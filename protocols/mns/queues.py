@@ -20,6 +20,7 @@ from gateway.processor import Caller, Processor
 from protocols.mns.attributes import QueueAttributes
 from protocols.mns.errors import MnsError
 from protocols.mns.messages import Outgoing, parse_message
+from protocols.mns.reclaim import RECLAIM_EVERY, Reclaimer
 from storage.errors import TopicAlreadyExists, TopicNotFound
 from storage.model import (
     UNLIMITED,
@@ -40,6 +41,7 @@ TOPIC_KIND = "mns.topic"
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,255}")
 _MAX_BATCH = 16
 DEDUP_PREFIX = "mns:"
+_ATTRIBUTES_CACHED = 10_000  # parsed queue attributes kept (a bound, not a tuning knob)
 
 
 def group_of(queue: str) -> str:
@@ -74,12 +76,29 @@ def _group_config(attrs: QueueAttributes) -> GroupConfig:
 
 
 class QueueService:
-    def __init__(self, processor: Processor, *, max_message_bytes: int) -> None:
+    def __init__(
+        self, processor: Processor, *, max_message_bytes: int, reclaim_every: int = RECLAIM_EVERY
+    ) -> None:
         self._processor = processor
         self._max_message_bytes = max_message_bytes
+        self._reclaimer = Reclaimer(processor, every=reclaim_every)
+        self._attributes: dict[tuple[str, str], tuple[Any, QueueAttributes]] = {}
 
     def _now(self) -> int:
         return self._processor.clock.now_ms()
+
+    def _parsed(self, namespace: str, name: str, raw: Any) -> QueueAttributes:
+        """Every message call reads its queue's attributes: parse each stored value
+        once, and again only when the stored value changed."""
+        key = (namespace, name)
+        cached = self._attributes.get(key)
+        if cached is not None and (cached[0] is raw or cached[0] == raw):
+            return cached[1]
+        attrs = QueueAttributes.from_json(raw)
+        if len(self._attributes) >= _ATTRIBUTES_CACHED:
+            self._attributes.clear()
+        self._attributes[key] = (raw, attrs)
+        return attrs
 
     async def attributes(self, caller: Caller, name: str) -> QueueAttributes:
         """A queue's attributes. A storage topic made by another protocol becomes a
@@ -88,7 +107,7 @@ class QueueService:
         receive, not the storage default."""
         raw = await self._processor.meta_get(caller, QUEUE_KIND, name)
         if raw is not None:
-            return QueueAttributes.from_json(raw)
+            return self._parsed(caller.namespace, name, raw)
         check_name("queue", name)
         try:
             info = await self._processor.describe_topic(caller, name)
@@ -148,14 +167,16 @@ class QueueService:
             raise MnsError.queue_not_exist(target)
 
     async def counts(self, caller: Caller, name: str) -> QueueCounts:
-        """From the group's pop state. Delayed messages have no offset until they are
-        due, so they are not counted anywhere: DelayMessages is always 0."""
+        """From the group's pop state; delayed messages (no offset until they are due)
+        from storage's count of those held for the queue."""
         ref = QueueRef(caller.namespace, name)
         pending = await self._processor.pending_count(caller, group_of(name), ref)
         inflight = await self._processor.inflight_count(caller, group_of(name), ref)
-        return QueueCounts(active=max(0, pending - inflight), inactive=inflight, delayed=0)
+        delayed = await self._processor.delayed_count(caller, ref)
+        return QueueCounts(active=max(0, pending - inflight), inactive=inflight, delayed=delayed)
 
     async def delete(self, caller: Caller, name: str) -> None:
+        self._reclaimer.forget(caller, name)
         await self._processor.meta_delete(caller, QUEUE_KIND, name)
         with contextlib.suppress(TopicNotFound):
             await self._processor.delete_topic(caller, name)
@@ -221,18 +242,14 @@ class QueueService:
         return messages
 
     async def peek(self, caller: Caller, name: str, *, count: int) -> list[StoredMessage]:
-        """Messages from the head of the queue without changing their state.
-
-        The head is estimated as ``latest - pending``: exact while messages are
-        deleted in order; after out-of-order deletes it may show deleted ones."""
+        """Messages from the head of the queue (the first one not deleted) on, without
+        changing their state, and not metered: a peek delivers nothing. Messages
+        deleted out of order past the head are still shown until the head passes them
+        (storage keeps no cheap per-offset view of them)."""
         await self.attributes(caller, name)
         ref = QueueRef(caller.namespace, name)
-        pending = await self._processor.pending_count(caller, group_of(name), ref)
-        if pending <= 0:
-            raise MnsError.message_not_exist()
-        offsets = await self._processor.queue_offsets(caller, ref)
-        start = max(offsets.earliest, offsets.latest - pending)
-        result = await self._processor.read(caller, ref, start, max_messages=count)
+        start = await self._processor.consumed_below(caller, group_of(name), ref)
+        result = await self._processor.read(caller, ref, start, max_messages=count, metered=False)
         if not result.messages:
             raise MnsError.message_not_exist()
         return list(result.messages)
@@ -240,6 +257,7 @@ class QueueService:
     async def delete_message(self, caller: Caller, name: str, receipt: str) -> None:
         await self.attributes(caller, name)
         await self._processor.ack(caller, group_of(name), receipt)
+        await self._reclaimer.deleted(caller, name, group_of(name), 1)
 
     async def delete_messages(
         self, caller: Caller, name: str, receipts: Sequence[str]
@@ -248,7 +266,10 @@ class QueueService:
         if not receipts or len(receipts) > _MAX_BATCH:
             raise MnsError.invalid_argument(f"give 1 to {_MAX_BATCH} receipt handles.")
         await self.attributes(caller, name)
-        return await self._processor.ack_many(caller, group_of(name), receipts)
+        outcomes = await self._processor.ack_many(caller, group_of(name), receipts)
+        deleted = sum(1 for outcome in outcomes if outcome is None)
+        await self._reclaimer.deleted(caller, name, group_of(name), deleted)
+        return outcomes
 
     async def change_visibility(
         self, caller: Caller, name: str, receipt: str, timeout_s: int

@@ -161,3 +161,48 @@ def test_metrics_and_groups_survive_a_topic_deleted_under_a_queue(
     with pytest.raises(MNSServerException) as err:
         account.get_queue("orders").receive_message(0)
     assert err.value.type == "QueueNotExist"
+
+
+def test_mns_dispatcher_matches_only_its_routes(server: LiveServer) -> None:
+    """MNS routes bypass FastAPI; anything else (another method, an empty name, a
+    longer path) still reaches FastAPI and gets its answer."""
+    listener = server.gateway.listeners.get("http")
+    assert isinstance(listener, HttpListener) and listener.app is not None
+    dispatcher = listener.app.api.dispatcher(listener.app.app)
+    found = dispatcher.match("DELETE", "/topics/news/subscriptions/mail")
+    assert found is not None
+    route, params = found
+    assert route.path == "/topics/{topic}/subscriptions/{subscription}"
+    assert params == {"topic": "news", "subscription": "mail"}
+    assert dispatcher.match("POST", "/queues/q") is None
+    assert dispatcher.match("GET", "/queues//messages") is None
+    assert dispatcher.match("GET", "/queues/q/messages/x") is None
+    base = endpoint(server)
+    assert httpx.post(base + "/queues/q").status_code == 405  # FastAPI's answer
+    unsigned = httpx.get(base + "/queues/q/messages")  # the dispatcher's MNS error
+    assert unsigned.status_code == 400
+    assert "<Code>MissingAuthorizationHeader</Code>" in unsigned.text
+
+
+async def test_a_handler_bug_is_an_mns_internal_error_and_others_fall_through() -> None:
+    from fastapi import Request, Response
+    from starlette.responses import PlainTextResponse
+    from starlette.types import Receive, Scope, Send
+
+    from protocols.mns.routes import MnsDispatcher, Route
+
+    async def broken(request: Request, queue: str) -> Response:
+        raise RuntimeError(f"bug on {queue}")
+
+    async def fallback(scope: Scope, receive: Receive, send: Send) -> None:
+        await PlainTextResponse("fallback", status_code=418)(scope, receive, send)
+
+    dispatcher = MnsDispatcher((Route("GET", "/queues/{queue}", broken, "Broken"),), fallback)
+    transport = httpx.ASGITransport(app=dispatcher)
+    async with httpx.AsyncClient(transport=transport, base_url="http://mns") as client:
+        failed = await client.get("/queues/q")
+        assert failed.status_code == 500
+        assert "<Code>InternalError</Code>" in failed.text
+        assert failed.headers["x-mns-request-id"]
+        other = await client.get("/queues/q/messages")
+        assert (other.status_code, other.text) == (418, "fallback")

@@ -189,3 +189,61 @@ def test_retry_strategies() -> None:
     gaps = [retry_delay_ms("EXPONENTIAL_DECAY_RETRY", a, unit_ms=1) for a in (1, 2, 9, 10, 176)]
     assert gaps == [2, 4, 512, 512, 512]
     assert retry_delay_ms("EXPONENTIAL_DECAY_RETRY", 177, unit_ms=1) is None
+
+
+def _element_tree_encode(root: str, value: object) -> bytes:
+    """The reference: the same document built and written by ``ElementTree``."""
+    from xml.etree import ElementTree
+
+    def add(parent: ElementTree.Element, tag: str, value: object) -> None:
+        if value is None:
+            return
+        if isinstance(value, dict):
+            element = ElementTree.SubElement(parent, tag)
+            for key, child in value.items():
+                add(element, key, child)
+        elif isinstance(value, list):
+            item = codec.ITEM_TAGS.get(tag)
+            if item is None:
+                for entry in value:
+                    add(parent, tag, entry)
+            else:
+                element = ElementTree.SubElement(parent, tag)
+                for entry in value:
+                    add(element, item, entry)
+        else:
+            text = ("True" if value else "False") if isinstance(value, bool) else str(value)
+            ElementTree.SubElement(parent, tag).text = text
+
+    element = ElementTree.Element(root, {"xmlns": codec.XMLNS})
+    if isinstance(value, dict):
+        for key, child in value.items():
+            add(element, key, child)
+    else:
+        assert isinstance(value, list)
+        for entry in value:
+            add(element, codec.ITEM_TAGS[root], entry)
+    written: bytes = ElementTree.tostring(element, encoding="utf-8", xml_declaration=True)
+    return written
+
+
+LEAF = st.one_of(st.none(), st.booleans(), st.integers(), XML_TEXT, st.just("a&b<c>d\"e'f"))
+
+
+@given(
+    fields=st.dictionaries(st.sampled_from(["MessageId", "MessageBody", "Code"]), LEAF),
+    items=st.lists(st.dictionaries(st.sampled_from(["QueueURL", "QueueName"]), LEAF), max_size=3),
+    marker=LEAF,
+)
+def test_xml_is_written_exactly_as_element_tree_writes_it(
+    fields: dict[str, object], items: list[dict[str, object]], marker: object
+) -> None:
+    cases: list[tuple[str, object]] = [
+        ("Message", fields),
+        ("Message", {"Nested": fields, "Empty": {}}),
+        ("Messages", [fields, fields]),
+        ("Queues", {"Queue": items, "NextMarker": marker}),
+        ("Errors", []),
+    ]
+    for root, value in cases:
+        assert codec.encode(root, value, as_json=False) == _element_tree_encode(root, value)  # type: ignore[arg-type]
