@@ -82,10 +82,12 @@ def protocol_listeners() -> Mapping[str, ListenerFactory]:
     """
     from protocols.amqp.listener import amqp_listener
     from protocols.http.listener import http_listener
+    from protocols.kafka.listener import kafka_listener
     from protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
     from protocols.rocketmq.listener import rocketmq_listener
 
     factories: dict[str, ListenerFactory] = {}
+    factories["kafka"] = kafka_listener
     factories["amqp"] = amqp_listener
     factories["mqtt"] = mqtt_listener
     factories["mqtt_ws"] = mqtt_ws_listener

@@ -55,7 +55,7 @@ class Caller:
 
 def _entry_size(entry: Message | BatchEntry) -> tuple[int, int]:
     if isinstance(entry, BatchEntry):
-        return len(entry.messages), len(entry.raw)
+        return entry.size, len(entry.raw)
     return 1, len(entry.body)
 
 

@@ -9,6 +9,7 @@ from gateway.accounts import ANONYMOUS, AccessDenied, Accounts
 from gateway.config import AccountConfig, AuthConfig
 from gateway.metering import Metering, Usage
 from gateway.processor import Caller, Processor
+from storage import batch_formats
 from storage.api import StorageAPI
 from storage.clock import ManualClock
 from storage.model import AppendRequest, BatchEntry, Message, QueueRef
@@ -74,6 +75,19 @@ async def test_own_namespace_works_and_is_metered(setup: Setup) -> None:
             bytes_out=5,
         ),
     ]
+
+
+async def test_a_batch_stored_raw_is_metered_by_its_record_count(setup: Setup) -> None:
+    """Kafka batches carry only ``count`` (their messages are expanded on read), and
+    must still be billed as that many messages."""
+    batch_formats.register("test.three", lambda raw: (Message(body=raw),) * 3)
+    alice = setup.caller("alice", "alice")
+    batch = BatchEntry(format="test.three", raw=b"abcd", count=3)
+    await setup.processor.append(
+        alice, [AppendRequest(entry=batch, queues=(QueueRef("alice", "t"),))]
+    )
+    [usage] = setup.metering.snapshot()
+    assert (usage.messages_in, usage.bytes_in) == (3, 4)
 
 
 async def test_another_namespace_is_denied(setup: Setup) -> None:

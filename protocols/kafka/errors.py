@@ -1,0 +1,43 @@
+"""Typed errors from storage and accounts, as Kafka error codes (a bad peer's kind of
+error; anything else is our bug and becomes UNKNOWN_SERVER_ERROR, logged)."""
+
+from __future__ import annotations
+
+import logging
+
+from kio.schema.errors import ErrorCode
+
+from gateway.accounts import AccessDenied, AuthenticationFailed
+from storage.errors import (
+    InvalidArgument,
+    InvalidName,
+    MessageTooLarge,
+    OffsetOutOfRange,
+    QueueNotFound,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
+
+__all__ = ["error_code"]
+
+log = logging.getLogger(__name__)
+
+_CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
+    (TopicNotFound, ErrorCode.unknown_topic_or_partition),
+    (QueueNotFound, ErrorCode.unknown_topic_or_partition),
+    (TopicAlreadyExists, ErrorCode.topic_already_exists),
+    (InvalidName, ErrorCode.invalid_topic_exception),
+    (MessageTooLarge, ErrorCode.message_too_large),
+    (OffsetOutOfRange, ErrorCode.offset_out_of_range),
+    (InvalidArgument, ErrorCode.invalid_request),
+    (AccessDenied, ErrorCode.topic_authorization_failed),
+    (AuthenticationFailed, ErrorCode.sasl_authentication_failed),
+)
+
+
+def error_code(error: Exception) -> ErrorCode:
+    for cls, code in _CODES:
+        if isinstance(error, cls):
+            return code
+    log.error("kafka: unexpected error", exc_info=error)
+    return ErrorCode.unknown_server_error

@@ -1,0 +1,116 @@
+"""ConsumerGroupHeartbeat (KIP-848): the coordinator-assigned consumer protocol, over
+protocols/kafka/consumer_groups.py. Topics travel by topic id."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from protocols.kafka.consumer_groups import HEARTBEAT_INTERVAL_MS, Assignment
+from protocols.kafka.handlers.topics import topic_partitions
+from protocols.kafka.session import Session
+
+__all__ = ["consumer_group_describe", "consumer_group_heartbeat"]
+
+
+async def consumer_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    groups = session.broker.consumer_groups
+    namespace = session.namespace
+    names = request.subscribed_topic_names
+    subscribed = tuple(names) if names is not None else None
+    partitions, ids = await topic_partitions(
+        session, groups.subscriptions(namespace, request.group_id, subscribed or ())
+    )
+    by_id = {tid: name for name, tid in ids.items()}
+    owned: Assignment | None = None
+    if request.topic_partitions is not None:
+        owned = {
+            by_id[tp.topic_id]: frozenset(tp.partitions)
+            for tp in request.topic_partitions
+            if tp.topic_id in by_id
+        }
+    result = groups.heartbeat(
+        namespace,
+        request.group_id,
+        member_id=request.member_id or str(uuid.uuid4()),
+        member_epoch=request.member_epoch,
+        subscribed=subscribed,
+        owned=owned,
+        partitions=partitions,
+        now=asyncio.get_running_loop().time(),
+        client_id=session.client_id or "",
+        client_host=session.peer,
+    )
+    assignment = None
+    if result.assignment is not None:
+        assignment = {
+            "topic_partitions": [
+                {"topic_id": ids[name], "partitions": sorted(parts)}
+                for name, parts in sorted(result.assignment.items())
+            ]
+        }
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "error_message": None,
+        "member_id": result.member_id,
+        "member_epoch": result.member_epoch,
+        "heartbeat_interval": HEARTBEAT_INTERVAL_MS,
+        "assignment": assignment,
+    }
+
+
+async def consumer_group_describe(session: Session, request: Any, version: int) -> dict[str, Any]:
+    groups = session.broker.consumer_groups
+    described = []
+    for group_id in request.group_ids:
+        found = groups.describe(session.namespace, group_id)
+        if found is None:
+            described.append(
+                {
+                    "error_code": ErrorCode.group_id_not_found,
+                    "group_id": group_id,
+                    "group_state": "Dead",
+                }
+            )
+            continue
+        epoch, members = found
+        names = {t for m in members for t in (*m.subscribed, *m.assignment, *m.target)}
+        _, ids = await topic_partitions(session, names)
+
+        def assignment(parts: Assignment, ids: dict[str, uuid.UUID] = ids) -> dict[str, Any]:
+            return {
+                "topic_partitions": [
+                    {"topic_id": ids[name], "topic_name": name, "partitions": sorted(ps)}
+                    for name, ps in sorted(parts.items())
+                    if name in ids
+                ]
+            }
+
+        described.append(
+            {
+                "error_code": ErrorCode.none,
+                "group_id": group_id,
+                "group_state": "Stable" if members else "Empty",
+                "group_epoch": epoch,
+                "assignment_epoch": epoch,
+                "assignor_name": "range",
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "member_epoch": m.member_epoch,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "subscribed_topic_names": list(m.subscribed),
+                        "assignment": assignment(m.assignment),
+                        "target_assignment": assignment(m.target),
+                    }
+                    for m in members
+                ],
+                "authorized_operations": -2147483648,
+            }
+        )
+    return {"throttle_time": 0, "groups": described}

@@ -1,0 +1,320 @@
+"""FindCoordinator, the classic group protocol, committed offsets and group
+administration. Membership is the coordinator's (this gateway's memory); offsets are
+committed to storage through the processor."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from gateway.accounts import AuthError
+from protocols.kafka.codec import ms
+from protocols.kafka.coordinator import GroupState
+from protocols.kafka.errors import error_code
+from protocols.kafka.handlers.topics import NODE_ID
+from protocols.kafka.session import Session
+from storage.errors import StorageError
+
+# Kafka's group.min.session.timeout.ms is 6 s; a little lower lets tests run fast.
+_MIN_SESSION_MS = 1_000
+_MAX_SESSION_MS = 1_800_000  # group.max.session.timeout.ms
+
+__all__ = [
+    "delete_groups",
+    "describe_groups",
+    "find_coordinator",
+    "heartbeat",
+    "join_group",
+    "leave_group",
+    "list_groups",
+    "offset_commit",
+    "offset_delete",
+    "offset_fetch",
+    "sync_group",
+]
+
+
+async def find_coordinator(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """Every group and transaction is coordinated by the gateway asked (one gateway
+    per deployment for now: see docs/kafka.md)."""
+    host, port = session.advertised
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "error_message": None,
+        "node_id": NODE_ID,
+        "host": host,
+        "port": port,
+    }
+
+
+async def join_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    session_ms = ms(request.session_timeout)
+    if not _MIN_SESSION_MS <= session_ms <= _MAX_SESSION_MS:
+        return {"throttle_time": 0, "error_code": ErrorCode.invalid_session_timeout}
+    rebalance = getattr(request, "rebalance_timeout", None)
+    result = await session.broker.coordinator.join(
+        session.namespace,
+        request.group_id,
+        member_id=request.member_id,
+        group_instance_id=getattr(request, "group_instance_id", None),
+        client_id=session.client_id or "",
+        client_host=session.peer,
+        session_timeout_ms=session_ms,
+        rebalance_timeout_ms=ms(rebalance) if rebalance is not None else session_ms,
+        protocol_type=request.protocol_type,
+        protocols=[(p.name, p.metadata) for p in request.protocols],
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "generation_id": result.generation,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name or "",
+        "leader": result.leader,
+        "member_id": result.member_id,
+        "members": [
+            {
+                "member_id": m.member_id,
+                "group_instance_id": m.group_instance_id,
+                "metadata": m.metadata,
+            }
+            for m in result.members
+        ],
+    }
+
+
+async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    result = await session.broker.coordinator.sync(
+        session.namespace,
+        request.group_id,
+        member_id=request.member_id,
+        generation=request.generation_id,
+        assignments={a.member_id: a.assignment for a in request.assignments},
+    )
+    return {
+        "throttle_time": 0,
+        "error_code": result.error,
+        "protocol_type": result.protocol_type,
+        "protocol_name": result.protocol_name,
+        "assignment": result.assignment,
+    }
+
+
+async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    error = session.broker.coordinator.heartbeat(
+        session.namespace, request.group_id, request.member_id, request.generation_id
+    )
+    return {"throttle_time": 0, "error_code": error}
+
+
+async def leave_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    coordinator = session.broker.coordinator
+    if version < 3:
+        error = coordinator.leave(session.namespace, request.group_id, request.member_id)
+        return {"throttle_time": 0, "error_code": error}
+    members = [
+        {
+            "member_id": m.member_id,
+            "group_instance_id": m.group_instance_id,
+            "error_code": coordinator.leave(session.namespace, request.group_id, m.member_id),
+        }
+        for m in request.members
+    ]
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "members": members}
+
+
+async def offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if session.broker.consumer_groups.is_consumer_group(session.namespace, request.group_id):
+        check = session.broker.consumer_groups.check_commit(
+            session.namespace, request.group_id, request.member_id
+        )
+    else:
+        check = session.broker.coordinator.check_commit(
+            session.namespace,
+            request.group_id,
+            request.member_id,
+            request.generation_id_or_member_epoch,
+        )
+    topics = []
+    for topic in request.topics:
+        results = []
+        for p in topic.partitions:
+            code = check
+            if code is ErrorCode.none:
+                try:
+                    await session.processor.commit_offset(
+                        session.caller,
+                        request.group_id,
+                        session.queue(topic.name, p.partition_index),
+                        p.committed_offset,
+                        p.committed_metadata or "",
+                    )
+                except (StorageError, AuthError) as e:
+                    code = error_code(e)
+            results.append({"partition_index": p.partition_index, "error_code": code})
+        topics.append({"name": topic.name, "partitions": results})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def offset_fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """v8 on asks for many groups at once; before, for one."""
+    if version >= 8:
+        groups = [
+            {
+                "group_id": g.group_id,
+                "topics": await _group_offsets(session, g.group_id, g.topics),
+                "error_code": ErrorCode.none,
+            }
+            for g in request.groups
+        ]
+        return {"throttle_time": 0, "groups": groups}
+    topics = await _group_offsets(session, request.group_id, request.topics)
+    return {"throttle_time": 0, "topics": topics, "error_code": ErrorCode.none}
+
+
+async def _group_offsets(session: Session, group: str, requested: Any) -> list[dict[str, Any]]:
+    wanted: list[tuple[str, list[int]]]
+    if requested is None:
+        committed = await session.processor.list_group_offsets(session.caller, group)
+        by_topic: dict[str, list[int]] = {}
+        for queue in committed:
+            by_topic.setdefault(queue.topic, []).append(queue.queue_id)
+        wanted = sorted(by_topic.items())
+    else:
+        wanted = [(t.name, list(t.partition_indexes)) for t in requested]
+    topics = []
+    for name, partitions in wanted:
+        results = []
+        for index in sorted(partitions):
+            result: dict[str, Any] = {
+                "partition_index": index,
+                "committed_offset": -1,
+                "committed_leader_epoch": -1,
+                "metadata": "",
+                "error_code": ErrorCode.none,
+            }
+            try:
+                found = await session.processor.fetch_offset(
+                    session.caller, group, session.queue(name, index)
+                )
+            except (StorageError, AuthError) as e:
+                if error_code(e) is not ErrorCode.unknown_topic_or_partition:
+                    result["error_code"] = error_code(e)
+            else:
+                if found is not None:
+                    result.update(committed_offset=found.offset, metadata=found.metadata)
+            results.append(result)
+        topics.append({"name": name, "partitions": results})
+    return topics
+
+
+async def offset_delete(session: Session, request: Any, version: int) -> dict[str, Any]:
+    coordinator = session.broker.coordinator
+    described = coordinator.describe(session.namespace, request.group_id)
+    busy = described is not None and described[0] is not GroupState.EMPTY
+    topics = []
+    for topic in request.topics:
+        results = []
+        for p in topic.partitions:
+            code = ErrorCode.group_subscribed_to_topic if busy else ErrorCode.none
+            if not busy:
+                try:
+                    queue = session.queue(topic.name, p.partition_index)
+                    await session.processor.delete_group_offsets(
+                        session.caller, request.group_id, [queue]
+                    )
+                except (StorageError, AuthError) as e:
+                    code = error_code(e)
+            results.append({"partition_index": p.partition_index, "error_code": code})
+        topics.append({"name": topic.name, "partitions": results})
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "topics": topics}
+
+
+async def describe_groups(session: Session, request: Any, version: int) -> dict[str, Any]:
+    coordinator = session.broker.coordinator
+    groups = []
+    for group_id in request.groups:
+        described = coordinator.describe(session.namespace, group_id)
+        if described is None:
+            stored = await session.processor.list_groups(session.caller)
+            state = GroupState.EMPTY if group_id in stored else GroupState.DEAD
+            groups.append(
+                {
+                    "error_code": ErrorCode.none,
+                    "group_id": group_id,
+                    "group_state": state.value,
+                    "protocol_type": "",
+                    "protocol_data": "",
+                    "members": [],
+                    "authorized_operations": -2147483648,
+                }
+            )
+            continue
+        state, group = described
+        groups.append(
+            {
+                "error_code": ErrorCode.none,
+                "group_id": group_id,
+                "group_state": state.value,
+                "protocol_type": group.protocol_type or "",
+                "protocol_data": group.protocol_name or "",
+                "members": [
+                    {
+                        "member_id": m.member_id,
+                        "group_instance_id": m.group_instance_id,
+                        "client_id": m.client_id,
+                        "client_host": m.client_host,
+                        "member_metadata": m.metadata,
+                        "member_assignment": m.assignment,
+                    }
+                    for m in coordinator.members(session.namespace, group_id)
+                ],
+                "authorized_operations": -2147483648,
+            }
+        )
+    return {"throttle_time": 0, "groups": groups}
+
+
+async def list_groups(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """Classic groups (live, or known from committed offsets), KIP-848 consumer groups
+    and share groups, with their type (v5)."""
+    broker = session.broker
+    listed: dict[str, tuple[str, str, str]] = {  # id -> protocol type, state, group type
+        name: ("consumer", GroupState.EMPTY.value, "classic")
+        for name in await session.processor.list_groups(session.caller)
+    }
+    for name, (state, protocol_type) in broker.coordinator.groups(session.namespace).items():
+        listed[name] = (protocol_type or "consumer", state.value, "classic")
+    for name, count in broker.consumer_groups.groups(session.namespace).items():
+        listed[name] = ("consumer", "Stable" if count else "Empty", "consumer")
+    for name, count in broker.share_groups.groups(session.namespace).items():
+        listed[name] = ("share", "Stable" if count else "Empty", "share")
+    states = set(getattr(request, "states_filter", ()) or ())
+    types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
+    groups = [
+        {"group_id": name, "protocol_type": ptype, "group_state": state, "group_type": gtype}
+        for name, (ptype, state, gtype) in sorted(listed.items())
+        if (not states or state in states) and (not types or gtype in types)
+    ]
+    return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
+
+
+async def delete_groups(session: Session, request: Any, version: int) -> dict[str, Any]:
+    results = []
+    stored = set(await session.processor.list_groups(session.caller))
+    for group_id in request.groups_names:
+        known = group_id in stored or session.broker.coordinator.describe(
+            session.namespace, group_id
+        )
+        code = session.broker.coordinator.forget(session.namespace, group_id)
+        if not known:
+            code = ErrorCode.group_id_not_found
+        elif code is ErrorCode.none:
+            try:
+                await session.processor.delete_group_offsets(session.caller, group_id)
+            except (StorageError, AuthError) as e:
+                code = error_code(e)
+        results.append({"group_id": group_id, "error_code": code})
+    return {"throttle_time": 0, "results": results}

@@ -1,0 +1,202 @@
+"""Produce and InitProducerId: each record batch is checked (CRC, shape, producer
+sequence) and stored once, raw, as a ``kafka.v2`` batch entry spanning its records'
+offsets. All batches of a request share one storage append (one group commit)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from gateway.accounts import AuthError
+from protocols.kafka.errors import error_code
+from protocols.kafka.handlers.transactions import end_transaction
+from protocols.kafka.producers import Verdict
+from protocols.kafka.records import (
+    BATCH_FORMAT,
+    BatchHeader,
+    CorruptBatch,
+    check_records,
+    parse_header,
+)
+from protocols.kafka.session import Session
+from storage.errors import StorageError
+from storage.model import AppendRequest, BatchEntry, QueueRef
+
+__all__ = ["init_producer_id", "produce"]
+
+
+@dataclass(slots=True)
+class _Pending:
+    """One partition's part of a produce request."""
+
+    topic: str
+    partition: int
+    queue: QueueRef
+    batches: list[tuple[BatchHeader, bytes]]
+    error: ErrorCode = ErrorCode.none
+    message: str | None = None
+    base_offset: int = -1
+    duplicate_offset: int | None = None
+
+
+def _split(records: bytes | None) -> list[tuple[BatchHeader, bytes]]:
+    batches: list[tuple[BatchHeader, bytes]] = []
+    view = memoryview(records or b"")
+    position = 0
+    while position < len(view):
+        header = parse_header(view[position:])
+        if header.record_count != header.last_offset_delta + 1:
+            raise CorruptBatch("record count does not match the last offset delta")
+        batch = bytes(view[position : position + header.length])
+        check_records(batch)
+        batches.append((header, batch))
+        position += header.length
+    if not batches:
+        raise CorruptBatch("no record batch")
+    return batches
+
+
+def _dedup_key(queue: QueueRef, header: BatchHeader) -> str | None:
+    if header.producer_id < 0 or header.base_sequence < 0:
+        return None
+    # The topic is hashed: dedup keys are names, at most 255 bytes; topics reach 249.
+    topic = hashlib.blake2b(queue.topic.encode(), digest_size=8).hexdigest()
+    return (
+        f"kafka:{header.producer_id}:{header.producer_epoch}:"
+        f"{topic}:{queue.queue_id}:{header.base_sequence}"
+    )
+
+
+async def produce(session: Session, request: Any, version: int) -> dict[str, Any] | None:
+    if request.acks not in (-1, 0, 1):
+        return _all_failed(request, ErrorCode.invalid_required_acks)
+    producers = session.broker.producers
+    pending: list[_Pending] = []
+    for topic in request.topic_data:
+        for data in topic.partition_data:
+            queue = session.queue(topic.name, data.index)
+            part = _Pending(topic.name, data.index, queue, [])
+            pending.append(part)
+            try:
+                part.batches = _split(data.records)
+            except CorruptBatch as e:
+                part.error, part.message = ErrorCode.corrupt_message, str(e)
+                continue
+            first = part.batches[0][0]
+            if first.producer_id >= 0 and first.base_sequence >= 0:
+                count = sum(h.record_count for h, _ in part.batches)
+                check = producers.check(
+                    first.producer_id, first.producer_epoch, queue, first.base_sequence, count
+                )
+                if check.verdict is Verdict.DUPLICATE:
+                    part.duplicate_offset = check.offset
+                elif check.verdict is Verdict.OUT_OF_ORDER:
+                    part.error = ErrorCode.out_of_order_sequence_number
+                elif check.verdict is Verdict.FENCED:
+                    part.error = ErrorCode.invalid_producer_epoch
+    requests: list[AppendRequest] = []
+    owners: list[_Pending] = []
+    for part in pending:
+        if part.error is not ErrorCode.none or part.duplicate_offset is not None:
+            continue
+        for header, raw in part.batches:
+            entry = BatchEntry(format=BATCH_FORMAT, raw=raw, count=header.record_count)
+            requests.append(
+                AppendRequest(
+                    entry=entry, queues=(part.queue,), dedup_key=_dedup_key(part.queue, header)
+                )
+            )
+            owners.append(part)
+    if requests:
+        await _append(session, requests, owners)
+    for part in pending:
+        if part.duplicate_offset is not None:
+            part.base_offset = part.duplicate_offset
+        elif part.error is ErrorCode.none and part.batches:
+            first = part.batches[0][0]
+            if first.producer_id >= 0 and first.base_sequence >= 0:
+                count = sum(h.record_count for h, _ in part.batches)
+                producers.record(
+                    first.producer_id,
+                    first.producer_epoch,
+                    part.queue,
+                    first.base_sequence,
+                    count,
+                    part.base_offset,
+                )
+    if request.acks == 0:
+        return None
+    return {"responses": _responses(pending), "throttle_time": 0}
+
+
+async def _append(session: Session, requests: list[AppendRequest], owners: list[_Pending]) -> None:
+    try:
+        results = await session.processor.append(session.caller, requests)
+    except (StorageError, AuthError) as e:
+        # One bad partition (unknown topic, too large) fails the whole call: store
+        # each partition alone so the others still get through.
+        parts = list({id(o): o for o in owners}.values())
+        if len(parts) == 1:
+            parts[0].error, parts[0].message = error_code(e), str(e)
+            return
+        for part in parts:
+            mine = [r for r, o in zip(requests, owners, strict=True) if o is part]
+            await _append(session, mine, [part] * len(mine))
+        return
+    for part, result in zip(owners, results, strict=True):
+        if not result.placements:
+            continue
+        if part.base_offset < 0:
+            part.base_offset = result.placements[0].offset
+        header = part.batches[0][0]
+        if header.transactional and not result.duplicate:
+            session.broker.transactions.produced(
+                part.queue, header.producer_id, result.placements[0].offset
+            )
+
+
+def _all_failed(request: Any, error: ErrorCode) -> dict[str, Any]:
+    parts = [
+        _Pending(t.name, d.index, QueueRef("", t.name, d.index), [], error)
+        for t in request.topic_data
+        for d in t.partition_data
+    ]
+    return {"responses": _responses(parts), "throttle_time": 0}
+
+
+def _responses(pending: list[_Pending]) -> list[dict[str, Any]]:
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for part in pending:
+        by_topic.setdefault(part.topic, []).append(
+            {
+                "index": part.partition,
+                "error_code": part.error,
+                "error_message": part.message,
+                "base_offset": part.base_offset if part.error is ErrorCode.none else -1,
+                "log_start_offset": -1,
+                "record_errors": [],
+            }
+        )
+    return [{"name": name, "partition_responses": parts} for name, parts in by_topic.items()]
+
+
+async def init_producer_id(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """A transactional id keeps its producer id with a new epoch; a transaction the
+    previous instance left open is aborted first, as Kafka does."""
+    transactional_id = request.transactional_id
+    if transactional_id:
+        previous = session.broker.transactions.get(session.namespace, transactional_id)
+        if previous is not None:
+            await end_transaction(session, previous, commit=False)
+    producer_id, epoch = session.broker.producers.init_producer(transactional_id)
+    if transactional_id:
+        session.broker.transactions.begin(session.namespace, transactional_id, producer_id, epoch)
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "producer_id": producer_id,
+        "producer_epoch": epoch,
+    }

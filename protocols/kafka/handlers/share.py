@@ -1,0 +1,251 @@
+"""ShareGroupHeartbeat, ShareFetch and ShareAcknowledge (KIP-932) over the storage's
+pop mode: see protocols/kafka/share_groups.py."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections import defaultdict
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from gateway.accounts import AuthError
+from protocols.kafka.codec import ms
+from protocols.kafka.errors import error_code
+from protocols.kafka.handlers.fetch import encode_messages
+from protocols.kafka.handlers.topics import NODE_ID, topic_names, topic_partitions
+from protocols.kafka.session import Session
+from protocols.kafka.share_groups import HEARTBEAT_INTERVAL_MS, LOCK_MS, AckType
+from storage.errors import StorageError
+from storage.model import QueueRef, StoredMessage
+
+__all__ = ["share_acknowledge", "share_fetch", "share_group_heartbeat"]
+
+_LEAVE_EPOCH = -1
+_CLOSE_SESSION = -1
+_DEFAULT_MAX_RECORDS = 500
+
+
+async def share_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    groups = session.broker.share_groups
+    namespace, group = session.namespace, request.group_id
+    member_id = request.member_id or str(uuid.uuid4())
+    if request.member_epoch == _LEAVE_EPOCH:
+        await _release(session, group, groups.leave(namespace, group, member_id))
+        return {"error_code": ErrorCode.none, "member_id": member_id, "member_epoch": -1}
+    if request.member_epoch != 0 and not groups.is_member(namespace, group, member_id):
+        return {"error_code": ErrorCode.unknown_member_id, "member_id": member_id}
+    names = request.subscribed_topic_names
+    epoch, subscription = groups.join_or_update(
+        namespace, group, member_id, tuple(names) if names is not None else None
+    )
+    partitions, ids = await topic_partitions(session, set(subscription))
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "member_id": member_id,
+        "member_epoch": epoch,
+        "heartbeat_interval": HEARTBEAT_INTERVAL_MS,
+        "assignment": {
+            "topic_partitions": [
+                {"topic_id": ids[name], "partitions": list(range(count))}
+                for name, count in sorted(partitions.items())
+            ]
+        },
+    }
+
+
+async def _release(session: Session, group: str, receipts: list[str]) -> None:
+    for receipt in receipts:
+        with contextlib.suppress(StorageError):  # acked or redelivered meanwhile
+            await session.processor.nack(session.caller, group, receipt)
+
+
+async def _acknowledge(
+    session: Session, group: str, member_id: str, queue: QueueRef, batches: Any
+) -> ErrorCode:
+    """Apply one partition's acknowledgement batches; the first error, if any."""
+    shares = session.broker.share_groups
+    accepted: list[str] = []
+    error = ErrorCode.none
+    for batch in batches:
+        types = batch.acknowledge_types
+        for i, offset in enumerate(range(batch.first_offset, batch.last_offset + 1)):
+            kind = AckType(types[i] if len(types) > 1 else types[0])
+            if kind is AckType.GAP:
+                continue
+            receipt = shares.take(session.namespace, group, member_id, (queue, offset))
+            if receipt is None:
+                error = ErrorCode.invalid_record_state
+                continue
+            try:
+                if kind is AckType.ACCEPT:
+                    accepted.append(receipt)
+                elif kind is AckType.RELEASE:
+                    await session.processor.nack(session.caller, group, receipt)
+                else:
+                    await session.processor.dead_letter(session.caller, group, receipt)
+            except (StorageError, AuthError):
+                error = ErrorCode.invalid_record_state  # the lock ran out meanwhile
+    if accepted:
+        results = await session.processor.ack_many(session.caller, group, accepted)
+        if any(r is not None for r in results):
+            error = ErrorCode.invalid_record_state
+    return error
+
+
+async def _partitions(session: Session, topics: Any) -> list[tuple[Any, str | None, Any]]:
+    """(topic id, topic name or None if unknown, partition request) per partition."""
+    names = await topic_names(session, {t.topic_id for t in topics if t.topic_id is not None})
+    return [
+        (t.topic_id, names.get(t.topic_id) if t.topic_id is not None else None, p)
+        for t in topics
+        for p in t.partitions
+    ]
+
+
+def _empty_result(index: int) -> dict[str, Any]:
+    return {
+        "partition_index": index,
+        "error_code": ErrorCode.none,
+        "acknowledge_error_code": ErrorCode.none,
+        "current_leader": {"leader_id": NODE_ID, "leader_epoch": 0},
+        "records": b"",
+        "acquired_records": [],
+    }
+
+
+async def share_fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
+    group, member_id = request.group_id or "", request.member_id or ""
+    shares = session.broker.share_groups
+    namespace = session.namespace
+    if not shares.is_member(namespace, group, member_id):
+        return {"error_code": ErrorCode.unknown_member_id, "acquisition_lock_timeout": LOCK_MS}
+    results: dict[tuple[Any, int], dict[str, Any]] = {}
+    for tid, name, p in await _partitions(session, request.topics):
+        result = results[(tid, p.partition_index)] = _empty_result(p.partition_index)
+        if name is None:
+            result["error_code"] = ErrorCode.unknown_topic_id
+        elif p.acknowledgement_batches:
+            queue = session.queue(name, p.partition_index)
+            result["acknowledge_error_code"] = await _acknowledge(
+                session, group, member_id, queue, p.acknowledgement_batches
+            )
+    if request.share_session_epoch == _CLOSE_SESSION:
+        shares.close_session(namespace, group, member_id)
+        await _release(session, group, shares.release_all(namespace, group, member_id))
+    else:
+        covered = shares.session_partitions(
+            namespace,
+            group,
+            member_id,
+            request.share_session_epoch,
+            {(t.topic_id, p.partition_index) for t in request.topics for p in t.partitions},
+            {(t.topic_id, index) for t in request.forgotten_topics_data for index in t.partitions},
+        )
+        names = await topic_names(session, {tid for tid, _ in covered if tid is not None})
+        queues = {
+            session.queue(names[tid], index): (tid, index) for tid, index in covered if tid in names
+        }
+        if queues:
+            await _acquire(session, group, member_id, queues, request, results)
+    by_topic: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for (tid, _), result in results.items():
+        by_topic[tid].append(result)
+    host, port = session.advertised
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "acquisition_lock_timeout": LOCK_MS,
+        "responses": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
+        "node_endpoints": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+    }
+
+
+async def _acquire(
+    session: Session,
+    group: str,
+    member_id: str,
+    queues: dict[QueueRef, tuple[Any, int]],
+    request: Any,
+    results: dict[tuple[Any, int], dict[str, Any]],
+) -> None:
+    """Pop records for the member (a long poll over all its partitions) and frame
+    them as record batches plus the acquired ranges with their delivery counts."""
+    try:
+        popped = await session.processor.pop(
+            session.caller,
+            group,
+            list(queues),
+            max_messages=request.max_records if request.max_records > 0 else _DEFAULT_MAX_RECORDS,
+            invisible_ms=LOCK_MS,
+            wait_ms=ms(request.max_wait),
+        )
+    except (StorageError, AuthError) as e:
+        for queue, key in queues.items():
+            result = results.setdefault(key, _empty_result(queue.queue_id))
+            result["error_code"] = error_code(e)
+        return
+    by_queue: dict[QueueRef, list[StoredMessage]] = defaultdict(list)
+    for message in popped:
+        assert message.receipt is not None
+        record = (message.queue, message.offset)
+        session.broker.share_groups.acquired(
+            session.namespace, group, member_id, record, message.receipt
+        )
+        by_queue[message.queue].append(message)
+    for queue, messages in by_queue.items():
+        result = results.setdefault(queues[queue], _empty_result(queue.queue_id))
+        messages.sort(key=lambda m: m.offset)
+        result["records"] = encode_messages(messages)
+        result["acquired_records"] = _ranges(messages)
+
+
+def _ranges(messages: list[StoredMessage]) -> list[dict[str, Any]]:
+    """Contiguous offsets with one delivery count, as KIP-932's AcquiredRecords."""
+    ranges: list[dict[str, Any]] = []
+    for m in messages:
+        last = ranges[-1] if ranges else None
+        if (
+            last is not None
+            and last["last_offset"] + 1 == m.offset
+            and last["delivery_count"] == m.delivery_attempt
+        ):
+            last["last_offset"] = m.offset
+        else:
+            ranges.append(
+                {
+                    "first_offset": m.offset,
+                    "last_offset": m.offset,
+                    "delivery_count": m.delivery_attempt,
+                }
+            )
+    return ranges
+
+
+async def share_acknowledge(session: Session, request: Any, version: int) -> dict[str, Any]:
+    group, member_id = request.group_id or "", request.member_id or ""
+    shares = session.broker.share_groups
+    by_topic: dict[Any, list[dict[str, Any]]] = defaultdict(list)
+    for tid, name, p in await _partitions(session, request.topics):
+        code = ErrorCode.unknown_topic_id
+        if name is not None:
+            queue = session.queue(name, p.partition_index)
+            code = await _acknowledge(session, group, member_id, queue, p.acknowledgement_batches)
+        by_topic[tid].append(
+            {
+                "partition_index": p.partition_index,
+                "error_code": code,
+                "current_leader": {"leader_id": NODE_ID, "leader_epoch": 0},
+            }
+        )
+    if request.share_session_epoch == _CLOSE_SESSION:
+        await _release(session, group, shares.release_all(session.namespace, group, member_id))
+    host, port = session.advertised
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "responses": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
+        "node_endpoints": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+    }

@@ -1,0 +1,117 @@
+"""AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit and EndTxn: the transaction
+coordinator's side of KIP-98 (the state lives in protocols/kafka/transactions.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kio.schema.errors import ErrorCode
+
+from gateway.accounts import AuthError
+from protocols.kafka.errors import error_code
+from protocols.kafka.records import BATCH_FORMAT, encode_control_batch
+from protocols.kafka.session import Session
+from protocols.kafka.transactions import PendingOffset, Transaction
+from storage.errors import StorageError
+from storage.model import AppendRequest, BatchEntry
+
+__all__ = [
+    "add_offsets_to_txn",
+    "add_partitions_to_txn",
+    "end_transaction",
+    "end_txn",
+    "txn_offset_commit",
+]
+
+
+def _transaction(
+    session: Session, transactional_id: str, producer_id: int, epoch: int
+) -> tuple[Transaction | None, ErrorCode]:
+    txn = session.broker.transactions.get(session.namespace, transactional_id)
+    if txn is None or txn.producer_id != producer_id:
+        return None, ErrorCode.invalid_producer_id_mapping
+    if txn.epoch != epoch:
+        return None, ErrorCode.invalid_producer_epoch
+    return txn, ErrorCode.none
+
+
+async def add_partitions_to_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
+    txn, code = _transaction(
+        session,
+        request.v3_and_below_transactional_id,
+        request.v3_and_below_producer_id,
+        request.v3_and_below_producer_epoch,
+    )
+    results = []
+    for topic in request.v3_and_below_topics:
+        parts = []
+        for index in topic.partitions:
+            if txn is not None:
+                txn.partitions.add(session.queue(topic.name, index))
+            parts.append({"partition_index": index, "partition_error_code": code})
+        results.append({"name": topic.name, "results_by_partition": parts})
+    return {"throttle_time": 0, "results_by_topic_v3_and_below": results}
+
+
+async def add_offsets_to_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
+    _, code = _transaction(
+        session, request.transactional_id, request.producer_id, request.producer_epoch
+    )
+    return {"throttle_time": 0, "error_code": code}
+
+
+async def txn_offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
+    txn, code = _transaction(
+        session, request.transactional_id, request.producer_id, request.producer_epoch
+    )
+    topics = []
+    for topic in request.topics:
+        parts = []
+        for p in topic.partitions:
+            if txn is not None:
+                queue = session.queue(topic.name, p.partition_index)
+                metadata = p.committed_metadata or ""
+                txn.offsets.append(
+                    PendingOffset(request.group_id, queue, p.committed_offset, metadata)
+                )
+            parts.append({"partition_index": p.partition_index, "error_code": code})
+        topics.append({"name": topic.name, "partitions": parts})
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
+    txn, code = _transaction(
+        session, request.transactional_id, request.producer_id, request.producer_epoch
+    )
+    if txn is not None:
+        try:
+            await end_transaction(session, txn, commit=request.committed)
+        except (StorageError, AuthError) as e:
+            code = error_code(e)
+    return {"throttle_time": 0, "error_code": code}
+
+
+async def end_transaction(session: Session, txn: Transaction, *, commit: bool) -> None:
+    """Write the markers, settle the bookkeeping, commit the offsets sent with it."""
+    state = session.broker.transactions
+    queues = sorted(txn.partitions, key=str)
+    if queues:
+        marker = encode_control_batch(
+            txn.producer_id,
+            txn.epoch,
+            commit=commit,
+            timestamp_ms=session.processor.clock.now_ms(),
+        )
+        entry = BatchEntry(format=BATCH_FORMAT, raw=marker, count=1)
+        requests = [AppendRequest(entry=entry, queues=(queue,)) for queue in queues]
+        results = await session.processor.append(session.caller, requests)
+        for queue, result in zip(queues, results, strict=True):
+            offset = result.placements[0].offset if result.placements else -1
+            state.close(queue, txn.producer_id, offset, commit=commit)
+    if commit:
+        for pending in txn.offsets:
+            await session.processor.commit_offset(
+                session.caller, pending.group, pending.queue, pending.offset, pending.metadata
+            )
+    txn.partitions.clear()
+    txn.offsets.clear()

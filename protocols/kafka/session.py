@@ -1,0 +1,100 @@
+"""What handlers see: the broker-wide state shared by every Kafka connection, and the
+one connection's session (who it is, where the client reached us)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.accounts import ANONYMOUS, Accounts, Principal
+from gateway.connections import ConnectionRegistry
+from gateway.listeners import ListenerContext
+from gateway.processor import Caller, Processor
+from protocols.kafka._state import AuthState
+from protocols.kafka.consumer_groups import ConsumerGroups
+from protocols.kafka.coordinator import GroupCoordinator
+from protocols.kafka.producers import ProducerRegistry
+from protocols.kafka.share_groups import ShareGroups
+from protocols.kafka.transactions import TransactionState
+from storage.model import QueueRef
+
+__all__ = ["Broker", "Session"]
+
+PROTOCOL = "kafka"
+
+
+class Broker:
+    """Shared by the connections of one listener: the processor, the group coordinator
+    and idempotent-producer state (both in this gateway's memory)."""
+
+    def __init__(self, context: ListenerContext) -> None:
+        self.processor: Processor = context.processor
+        self.accounts: Accounts = context.accounts
+        self.connections: ConnectionRegistry = context.connections
+        self.config = context.config.kafka
+        self.max_frame_bytes = context.config.limits.max_frame_bytes
+        # SCRAM needs the password itself to derive the server's keys.
+        self.passwords: dict[str, str] = {
+            a.user: a.password for a in context.config.auth.accounts if a.password is not None
+        }
+        self.coordinator = GroupCoordinator()
+        self.producers = ProducerRegistry()
+        self.transactions = TransactionState()
+        self.consumer_groups = ConsumerGroups()
+        self.share_groups = ShareGroups()
+        self.topic_names: dict[uuid.UUID, str] = {}  # topic id -> name (a cache)
+
+    async def close(self) -> None:
+        await self.coordinator.close()
+
+
+@dataclass(kw_only=True)
+class Session:
+    broker: Broker
+    connection_id: int | None
+    advertised: tuple[str, int]  # host and port this client reached us on
+    state: AuthState
+    caller: Caller
+    client_id: str | None = None
+    peer: str = ""  # the client's host, as Kafka shows it ("/127.0.0.1")
+    sasl: Any = None  # the mechanism's exchange while HANDSHAKEN
+    closing: bool = False  # close once the current response is written
+
+    @property
+    def namespace(self) -> str:
+        return self.caller.namespace
+
+    @property
+    def processor(self) -> Processor:
+        return self.broker.processor
+
+    def queue(self, topic: str, partition: int) -> QueueRef:
+        return QueueRef(self.caller.namespace, topic, partition)
+
+    def authenticated(self, principal: Principal) -> None:
+        """Switch to ``principal``'s default namespace and record who this is."""
+        self.caller = caller_for(principal, self.connection_id, self.client_id)
+        self.state = AuthState.AUTHENTICATED
+        self.sasl = None
+        if self.connection_id is not None and self.broker.connections.get(self.connection_id):
+            self.broker.connections.identify(
+                self.connection_id,
+                principal=principal,
+                namespace=principal.default_namespace,
+                client_id=self.client_id,
+            )
+
+
+def caller_for(principal: Principal, connection_id: int | None, client_id: str | None) -> Caller:
+    return Caller(
+        principal=principal,
+        namespace=principal.default_namespace,
+        protocol=PROTOCOL,
+        connection_id=connection_id,
+        client_id=client_id,
+    )
+
+
+def anonymous_caller(connection_id: int | None) -> Caller:
+    return caller_for(ANONYMOUS, connection_id, None)

@@ -1,0 +1,312 @@
+"""Consumer groups with real clients: rebalancing as members join and leave, commits
+and resume, and the coordinator's state machine on its own (fencing, expiry)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from aiokafka import AIOKafkaConsumer
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.cimpl import NewTopic
+from kafka import KafkaConsumer
+from kio.schema.errors import ErrorCode
+
+from protocols.kafka.consumer_groups import assign_range
+from protocols.kafka.coordinator import GroupCoordinator, GroupState
+from protocols.kafka.listener import KafkaListener
+from tests.kafka.clients import (
+    confluent_consume,
+    confluent_consumer,
+    confluent_producer,
+    wait_until,
+)
+from tests.live_server import LiveServer
+
+PARTITIONS = 6
+
+
+def _create(bootstrap: str, topic: str, partitions: int) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, partitions)])[topic].result(10)
+
+
+def _assigned(consumers: list[Consumer]) -> list[set[int]]:
+    for consumer in consumers:
+        consumer.poll(0.05)
+    return [{tp.partition for tp in c.assignment()} for c in consumers]
+
+
+def _split_evenly(consumers: list[Consumer]) -> bool:
+    sets = _assigned(consumers)
+    union = set().union(*sets)
+    disjoint = sum(len(s) for s in sets) == len(union)
+    return union == set(range(PARTITIONS)) and disjoint and all(sets)
+
+
+@pytest.mark.parametrize("strategy", ["range", "roundrobin", "cooperative-sticky"])
+def test_members_join_and_leave(bootstrap: str, topic: str, strategy: str) -> None:
+    _create(bootstrap, topic, PARTITIONS)
+    group = f"g-{topic}"
+    options = {"partition.assignment.strategy": strategy}
+    first = confluent_consumer(bootstrap, group, **options)
+    second = confluent_consumer(bootstrap, group, **options)
+    third = None
+    try:
+        for c in (first, second):
+            c.subscribe([topic])
+        wait_until(lambda: _split_evenly([first, second]), what="two members")
+        third = confluent_consumer(bootstrap, group, **options)
+        third.subscribe([topic])
+        wait_until(lambda: _split_evenly([first, second, third]), what="three members")
+        first.close()
+        wait_until(lambda: _split_evenly([second, third]), what="after one left")
+    finally:
+        second.close()
+        if third is not None:
+            third.close()
+
+
+def test_commit_and_resume(bootstrap: str, topic: str) -> None:
+    producer = confluent_producer(bootstrap)
+    for i in range(10):
+        producer.produce(topic, value=b"%d" % i)
+    assert producer.flush(30) == 0
+    group = f"g-{topic}"
+    consumer = confluent_consumer(bootstrap, group)
+    consumer.subscribe([topic])
+    got = confluent_consume(consumer, 10)
+    consumer.commit(offsets=[TopicPartition(topic, 0, 5)], asynchronous=False)
+    assert got[4].offset() == 4
+    committed = consumer.committed([TopicPartition(topic, 0)], timeout=10)
+    assert committed[0].offset == 5
+    consumer.close()
+    again = confluent_consumer(bootstrap, group)
+    again.subscribe([topic])
+    try:
+        rest = confluent_consume(again, 5)
+    finally:
+        again.close()
+    assert [m.value() for m in rest] == [b"%d" % i for i in range(5, 10)]
+
+
+def test_kafka_python_group_commits_and_resumes(bootstrap: str, topic: str) -> None:
+    """kafka-python through the whole classic protocol: join, sync, heartbeats,
+    commit, leave; a new member of the group resumes after the commit."""
+    producer = confluent_producer(bootstrap)
+    for i in range(6):
+        producer.produce(topic, value=b"%d" % i)
+    assert producer.flush(30) == 0
+    group = f"g-{topic}"
+
+    def member() -> KafkaConsumer:
+        return KafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=300,
+            consumer_timeout_ms=10000,
+        )
+
+    first = member()
+    try:
+        got = [next(first).value for _ in range(4)]
+        first.commit()
+    finally:
+        first.close()
+    assert got == [b"0", b"1", b"2", b"3"]
+    second = member()
+    try:
+        rest = [next(second).value for _ in range(2)]
+    finally:
+        second.close()
+    assert rest == [b"4", b"5"]
+
+
+async def test_coordinator_fences_generations_and_expires_silent_members() -> None:
+    coordinator = GroupCoordinator()
+    join = dict(
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=200,
+        rebalance_timeout_ms=200,
+        protocol_type="consumer",
+        protocols=[("range", b"m")],
+    )
+    try:
+        first = await coordinator.join("ns", "g", member_id="", **join)  # type: ignore[arg-type]
+        assert first.error is ErrorCode.none and first.leader == first.member_id
+        synced = await coordinator.sync(
+            "ns",
+            "g",
+            member_id=first.member_id,
+            generation=first.generation,
+            assignments={first.member_id: b"a1"},
+        )
+        assert synced.assignment == b"a1"
+        assert coordinator.heartbeat("ns", "g", first.member_id, first.generation - 1) is (
+            ErrorCode.illegal_generation
+        )
+        second_join = asyncio.ensure_future(
+            coordinator.join("ns", "g", member_id="", **join)  # type: ignore[arg-type]
+        )
+        await asyncio.sleep(0)
+        assert coordinator.heartbeat("ns", "g", first.member_id, first.generation) is (
+            ErrorCode.rebalance_in_progress
+        )
+        rejoined = await coordinator.join("ns", "g", member_id=first.member_id, **join)  # type: ignore[arg-type]
+        second = await second_join
+        assert rejoined.generation == second.generation == first.generation + 1
+        assert len(rejoined.members) == 2  # the leader learns both
+        assert coordinator.check_commit("ns", "g", first.member_id, first.generation) is (
+            ErrorCode.illegal_generation
+        )
+        # Nobody heartbeats: both sessions run out and the group empties.
+        coordinator.expire(asyncio.get_running_loop().time() + 1)
+        described = coordinator.describe("ns", "g")
+        assert described is not None and described[0] is GroupState.EMPTY
+    finally:
+        await coordinator.close()
+
+
+def _kip848_consumer(bootstrap: str, group: str) -> Consumer:
+    """Session timeout and heartbeat interval are the broker's under KIP-848."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": group,
+            "group.protocol": "consumer",
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
+
+
+def test_kip848_consumer_protocol_assigns_on_the_server(bootstrap: str, topic: str) -> None:
+    _create(bootstrap, topic, 4)
+    producer = confluent_producer(bootstrap)
+    for i in range(8):
+        producer.produce(topic, value=b"%d" % i, partition=i % 4)
+    assert producer.flush(30) == 0
+    group = f"g-{topic}"
+    first = _kip848_consumer(bootstrap, group)
+    first.subscribe([topic])
+    try:
+        got = confluent_consume(first, 8)
+        assert sorted(m.value() or b"" for m in got) == [b"%d" % i for i in range(8)]
+        first.commit(asynchronous=False)
+        second = _kip848_consumer(bootstrap, group)
+        second.subscribe([topic])
+
+        def split() -> bool:
+            sets = _assigned([first, second])
+            return sets[0] | sets[1] == {0, 1, 2, 3} and not sets[0] & sets[1] and all(sets)
+
+        wait_until(split, what="server-side assignment over two members")
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        described = admin.describe_consumer_groups([group])[group].result(10)
+        assert described.type.name == "CONSUMER" and len(described.members) == 2
+        assert sorted(
+            tp.partition for m in described.members for tp in m.assignment.topic_partitions
+        ) == [0, 1, 2, 3]
+        listed = admin.list_consumer_groups().result(10)
+        assert {(g.group_id, g.type.name) for g in listed.valid} >= {(group, "CONSUMER")}
+        second.close()
+        wait_until(lambda: _assigned([first])[0] == {0, 1, 2, 3}, what="after one left")
+    finally:
+        first.close()
+    committed = confluent_consumer(bootstrap, group).committed(
+        [TopicPartition(topic, p) for p in range(4)], timeout=10
+    )
+    assert [tp.offset for tp in committed] == [2, 2, 2, 2]
+
+
+def test_range_assignment_splits_each_topic() -> None:
+    members = {"b": ("t", "u"), "a": ("t",), "c": ("u",)}
+    assigned = assign_range(members, {"t": 5, "u": 2, "unsubscribed": 3})
+    assert assigned == {
+        "a": {"t": frozenset({0, 1, 2})},
+        "b": {"t": frozenset({3, 4}), "u": frozenset({0})},
+        "c": {"u": frozenset({1})},
+    }
+
+
+async def test_aiokafka_group_rebalances(bootstrap: str, topic: str) -> None:
+    _create(bootstrap, topic, 4)
+    group = f"g-{topic}"
+
+    def consumer() -> AIOKafkaConsumer:
+        return AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=group,
+            session_timeout_ms=6000,
+            heartbeat_interval_ms=300,
+        )
+
+    first, second = consumer(), consumer()
+    await first.start()
+    await second.start()
+    try:
+
+        async def split() -> None:
+            while True:
+                for c in (first, second):
+                    await c.getmany(timeout_ms=50)
+                sets = [{tp.partition for tp in c.assignment()} for c in (first, second)]
+                if sets[0] | sets[1] == {0, 1, 2, 3} and not sets[0] & sets[1] and all(sets):
+                    return
+
+        async with asyncio.timeout(30):
+            await split()
+        await second.stop()
+        async with asyncio.timeout(30):
+            while {tp.partition for tp in first.assignment()} != {0, 1, 2, 3}:
+                await first.getmany(timeout_ms=50)
+    finally:
+        await first.stop()
+        await second.stop()
+
+
+def test_static_member_returns_without_a_rebalance(
+    server: LiveServer, bootstrap: str, topic: str
+) -> None:
+    """KIP-345: a follower restarting with its group.instance.id gets its partitions
+    back at once, and nobody rebalances (a returning leader would make everyone
+    rebalance, as in Kafka before KIP-814)."""
+    _create(bootstrap, topic, PARTITIONS)
+    group = f"g-{topic}"
+    listener = server.gateway.listeners.get("kafka")
+    assert isinstance(listener, KafkaListener)
+    coordinator = listener.broker.coordinator
+
+    def state() -> tuple[int, str]:
+        described = coordinator.describe("default", group)
+        assert described is not None
+        return described[1].generation, described[1].leader
+
+    def static(instance: str) -> Consumer:
+        return confluent_consumer(bootstrap, group, **{"group.instance.id": instance})
+
+    members = {"a": static("a"), "b": static("b")}
+    for member in members.values():
+        member.subscribe([topic])
+    try:
+        wait_until(lambda: _split_evenly(list(members.values())), what="two static members")
+        settled, leader_id = state()
+        name = next(n for n, c in members.items() if c.memberid() != leader_id)
+        leader = next(c for n, c in members.items() if n != name)
+        before = _assigned([members[name]])[0]
+        members.pop(name).close()  # a static member leaves no LeaveGroup behind
+        back = members[name] = static(name)
+        back.subscribe([topic])
+        wait_until(lambda: _assigned([back, leader])[0] == before, what="its partitions back")
+        assert state()[0] == settled  # nobody had to rebalance
+    finally:
+        for member in members.values():
+            member.close()
