@@ -206,7 +206,10 @@ def latency(host: str, port: int, queue: str, size: int) -> tuple[float, float, 
 
 def run(host: str, port: int, meter: Meter, label: str) -> None:
     print(f"# AMQP benchmark against {label} at {host}:{port} (pika {pika.__version__})")
-    print(f"{'scenario':<34} {'size':>6} {'msgs':>7} {'msgs/s':>9} {'MB/s':>7} {'cpu%':>6}")
+    print(
+        f"{'scenario':<34} {'size':>6} {'msgs':>7} {'msgs/s':>9} {'MB/s':>7} {'cpu%':>6}"
+        f" {'cpu us/msg':>10}"
+    )
     for size in SIZES:
         queue = f"bench-{size}-{uuid.uuid4().hex[:8]}"
         scenarios: list[tuple[str, Callable[[], tuple[int, float]]]] = [
@@ -223,18 +226,26 @@ def run(host: str, port: int, meter: Meter, label: str) -> None:
         for name, scenario in scenarios:
             cpu = meter.cpu()
             count, elapsed = scenario()
-            cpu_pct = (meter.cpu() - cpu) / elapsed * 100 if elapsed else 0.0
+            used = meter.cpu() - cpu
+            cpu_pct = used / elapsed * 100 if elapsed else 0.0
+            per_msg = used / count * 1e6 if count else 0.0
             rate = count / elapsed if elapsed else 0.0
             mb_s = rate * size / 1e6
             print(
-                f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {mb_s:>7.1f} {cpu_pct:>6.0f}",
+                f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {mb_s:>7.1f} {cpu_pct:>6.0f}"
+                f" {per_msg:>10.0f}",
                 flush=True,
             )
         cpu = meter.cpu()
         p50, p99, n = latency(host, port, queue + "-lat", size)
-        cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
+        used = meter.cpu() - cpu
+        cpu_pct = used / LATENCY_SECONDS * 100
+        per_msg = used / n * 1e6 if n else 0.0
         name = "end-to-end @1000/s p50/p99 ms"
-        print(f"{name:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f}", flush=True)
+        print(
+            f"{name:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f} {per_msg:>10.0f}",
+            flush=True,
+        )
     print(f"server RSS: {meter.rss_mib():.0f} MiB")
 
 

@@ -28,11 +28,12 @@ from protocols.amqp.codec import ContentHeaderFrame, content_frames, deliver_fra
 from protocols.amqp.consumer import INVISIBLE_MS, POP_BATCH, Consumer, Delivery
 from protocols.amqp.dead_letter import dead_letter
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.expiry import expires_at
 from protocols.amqp.properties import (
     delivery_content,
     with_header,
 )
-from protocols.amqp.publishing import EXPIRES_AT, REPLY_TO, Publish, Publisher
+from protocols.amqp.publishing import REPLY_TO, Publish, Publisher
 from protocols.amqp.vhost import GROUP, QueueDef
 from storage.errors import (
     InvalidArgument,
@@ -517,12 +518,10 @@ class Channel:
         if poll.result():
             self.conn.spawn(nack_all())
 
-    def _expired(self, queue: QueueDef, stored: StoredMessage, now: int) -> bool:
-        ttl = queue.int_argument("x-message-ttl")
-        if ttl is not None and stored.store_timestamp_ms + ttl <= now:
-            return True
-        deadline = stored.message.property(EXPIRES_AT)
-        return deadline is not None and int(deadline) <= now
+    @staticmethod
+    def _expired(queue: QueueDef, stored: StoredMessage, now: int) -> bool:
+        at = expires_at(queue, stored)
+        return at is not None and at <= now
 
     async def deliver(self, consumer: Consumer, messages: Sequence[StoredMessage]) -> None:
         processor, caller = self.conn.processor, self.conn.caller

@@ -35,6 +35,7 @@ from protocols.amqp.codec import (
     method_frame,
 )
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.flow import FlowControl
 from protocols.amqp.vhost import VirtualHost, VirtualHosts
 from storage.errors import StorageError
 
@@ -71,8 +72,10 @@ class AmqpConnection:
         vhosts: VirtualHosts,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
+        flow: FlowControl | None = None,
     ) -> None:
         self._context = context
+        self._flow = flow
         self._vhosts = vhosts
         self._reader = reader
         self._writer = writer
@@ -341,6 +344,9 @@ class AmqpConnection:
             raise ConnectionError_(
                 errors.CHANNEL_ERROR, f"expected 'channel.open' on channel {number}"
             )
+        flow = self._flow
+        if flow is not None and flow.engaged and isinstance(value, commands.Basic.Publish):
+            await self._blocked(flow.reason, flow.wait_released())
         channel.on_frame(value)
         if not channel.space.is_set():
             await self._wait_for_space(channel)
@@ -354,9 +360,23 @@ class AmqpConnection:
                 return
         except TimeoutError:
             pass
+        await self._blocked("polymq: storage is behind", channel.space.wait())
+
+    async def _blocked(self, reason: str, until: Coroutine[Any, Any, Any]) -> None:
+        """Read nothing until ``until`` is done, framed by connection.blocked and
+        connection.unblocked for the clients that announced the capability."""
         if self._blocked_capable:
-            self.send_frame(0, commands.Connection.Blocked(reason="polymq: storage is behind"))
-        await channel.space.wait()
+            self.send_frame(0, commands.Connection.Blocked(reason=reason))
+            await self.drain()
+        waiting = asyncio.ensure_future(until)
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({waiting, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (waiting, closing):
+                task.cancel()
+        if self._closing.is_set():
+            return
         if self._blocked_capable:
             self.send_frame(0, commands.Connection.Unblocked())
 

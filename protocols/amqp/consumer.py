@@ -4,6 +4,7 @@ and handing what it got to its channel to deliver."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -29,6 +30,7 @@ INVISIBLE_MS: Final = 60_000
 POP_WAIT_MS: Final = 5_000
 POP_BATCH: Final = 250
 UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
+_serials = itertools.count()
 
 
 @dataclass(slots=True, eq=False)
@@ -61,12 +63,18 @@ class Consumer:
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.stream_offset: int | None = None  # set for consumers of stream queues
+        self.serial = next(_serials)
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"amqp-consumer-{self.tag}")
 
     def credit(self) -> int:
+        if self.queue.single_active and self.queue.active_consumer() is not self:
+            return 0  # waits for its turn (woken when a consumer of the queue leaves)
         return self.channel.credit(self)
+
+    def wake(self) -> None:
+        self.wakeup.set()
 
     async def _run(self) -> None:
         channel = self.channel

@@ -6,6 +6,7 @@ import asyncio
 
 from gateway.listeners import Listener, ListenerContext, TcpListener
 from protocols.amqp.connection import AmqpConnection
+from protocols.amqp.flow import FlowControl
 from protocols.amqp.vhost import VirtualHosts
 
 __all__ = ["AmqpListener", "amqp_listener"]
@@ -13,14 +14,16 @@ __all__ = ["AmqpListener", "amqp_listener"]
 
 class AmqpListener(TcpListener):
     """A :class:`TcpListener` whose stop also ends the vhosts' background work
-    (``x-expires`` timers, TTL sweepers)."""
+    (``x-expires`` timers, TTL sweepers). ``flow`` is its publishing alarm
+    (:class:`FlowControl`): whatever watches a resource engages and releases it."""
 
-    def __init__(self, context: ListenerContext) -> None:
+    def __init__(self, context: ListenerContext, *, flow: FlowControl | None = None) -> None:
         self._vhosts = VirtualHosts(context.processor)
-        vhosts = self._vhosts
+        self.flow = flow or FlowControl()
+        vhosts, flow = self._vhosts, self.flow
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await AmqpConnection(context, vhosts, reader, writer).run()
+            await AmqpConnection(context, vhosts, reader, writer, flow).run()
 
         super().__init__(
             name=context.name,

@@ -17,7 +17,7 @@ from protocols.amqp.dead_letter import dead_letter
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from protocols.amqp.properties import encode_properties, to_message
 from protocols.amqp.vhost import GROUP, QueueDef
-from storage.model import AppendRequest, Message, QueueRef
+from storage.model import AppendRequest, Message, QueueRef, StoredMessage
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel
@@ -150,19 +150,25 @@ class Publisher:
         accepted = True
         heads: list[QueueDef] = []
         targets: list[QueueRef] = []
+        reached: list[QueueDef] = []
+        overflowed: list[QueueDef] = []  # reject-publish-dlx: dead-lettered, not stored
         for name in names:
             queue = vhost.queues[name]
             limit = queue.int_argument("x-max-length")
             if limit is not None:
                 count = await vhost.message_count(self._conn.caller, queue)
                 if count + added.get(name, 0) >= limit:
-                    if queue.arguments.get("x-overflow", "drop-head") != "drop-head":
+                    overflow = queue.arguments.get("x-overflow", "drop-head")
+                    if overflow != "drop-head":
                         accepted = False
+                        if overflow == "reject-publish-dlx":
+                            overflowed.append(queue)
                         continue
                     heads.append(queue)
                 added[name] = added.get(name, 0) + 1
             targets.append(queue.ref_for(vhost.namespace, properties.priority))
-        if not targets:
+            reached.append(queue)
+        if not targets and not overflowed:
             returned = (
                 self._return_frames(method, raw, body) if method.mandatory and not names else None
             )
@@ -185,6 +191,21 @@ class Publisher:
                     40,
                 ) from e
             message = _with_property(message, EXPIRES_AT, str(now + ttl).encode())
+            for queue in reached:
+                vhost.watch_expiry(self._conn.caller, queue, ttl)
+        for queue in overflowed:
+            rejected = StoredMessage(
+                message=message,
+                queue=queue.ref_for(vhost.namespace, properties.priority),
+                offset=-1,
+                message_id="",
+                store_timestamp_ms=now,
+            )
+            await dead_letter(
+                self._conn.processor, self._conn.caller, vhost, queue, rejected, "maxlen"
+            )
+        if not targets:
+            return None, None, accepted, heads
         return AppendRequest(entry=message, queues=tuple(targets)), None, accepted, heads
 
     def _return_frames(self, method: commands.Basic.Publish, raw: bytes, body: bytes) -> bytes:

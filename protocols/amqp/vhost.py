@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 GROUP: Final = "amqp"
 TOPIC_PREFIX: Final = "amqp:"
-MAX_PRIORITY: Final = 10
-_TRIM_EVERY_S: Final = 30.0  # storage queues per AMQP queue, at most (RabbitMQ allows 255)
+MAX_PRIORITY: Final = 10  # storage queues per AMQP queue, at most (RabbitMQ allows 255)
+_TRIM_EVERY_S: Final = 30.0
 _EXCHANGE: Final = "amqp.exchange"
 _QUEUE: Final = "amqp.queue"
 _BINDING: Final = "amqp.binding"
@@ -48,6 +48,7 @@ _QUEUE_EQUIVALENCE: Final = (
     "x-dead-letter-routing-key",
     "x-max-priority",
     "x-queue-type",
+    "x-single-active-consumer",
 )
 
 
@@ -69,11 +70,15 @@ def json_safe(value: Any) -> Any:
 
 
 class QueueConsumer(Protocol):
-    """What the vhost needs of a consumer: to tell it its queue went away."""
+    """What the vhost needs of a consumer: to tell it its queue went away, or that it
+    may have become the single active one."""
 
     exclusive: bool
+    serial: int  # order of arrival: the oldest is a single-active-consumer queue's active
 
     def queue_deleted(self) -> None: ...
+
+    def wake(self) -> None: ...
 
 
 @dataclass(kw_only=True, eq=False)
@@ -85,6 +90,7 @@ class QueueDef:
     arguments: dict[str, Any] = field(default_factory=dict)
     consumers: set[QueueConsumer] = field(default_factory=set)
     ever_consumed: bool = False
+    sweeping: asyncio.Lock = field(default_factory=asyncio.Lock)  # expiry passes
     last_used: float = 0.0
 
     @property
@@ -95,6 +101,15 @@ class QueueDef:
     def is_stream(self) -> bool:
         """A RabbitMQ stream: read by offset, acks do not remove messages."""
         return self.arguments.get("x-queue-type") == "stream"
+
+    @property
+    def single_active(self) -> bool:
+        """``x-single-active-consumer``: one consumer at a time gets deliveries, the
+        oldest; the next takes over when it goes (per gateway)."""
+        return self.arguments.get("x-single-active-consumer") is True
+
+    def active_consumer(self) -> QueueConsumer | None:
+        return min(self.consumers, key=lambda c: c.serial, default=None)
 
     @property
     def max_priority(self) -> int:
@@ -134,6 +149,7 @@ class VirtualHost:
         self._processor = processor
         self._sweepers: dict[str, asyncio.Task[None]] = {}
         self._trimmer: asyncio.Task[None] | None = None
+        self._trimmed: dict[QueueRef, int] = {}  # the prefix each queue was trimmed to
         self.exchanges: dict[str, Exchange] = {e.name: e for e in DEFAULT_EXCHANGES}
         self.queues: dict[str, QueueDef] = {}
         self._bindings: dict[str, Binding] = {}
@@ -145,22 +161,26 @@ class VirtualHost:
         self.reply_to: dict[str, Callable[[str, bytes, bytes], None]] = {}
 
     async def trim_consumed(self, caller: Caller) -> None:
-        """Let storage reclaim drained queues: when every message of a queue is acked,
-        its log is trimmed to its end (``delete_records``), so consumed messages do not
-        hold disk forever (the topics keep everything otherwise). The end is read
-        before the pending count, so a message arriving meanwhile is never trimmed."""
+        """Let storage reclaim consumed messages: each queue's log is trimmed
+        (``delete_records``) up to the group's fully acked prefix (``consumed_below``),
+        so acked messages do not hold disk even in a queue that never drains. Only
+        :data:`GROUP` reads a (non-stream) AMQP queue, so nothing below that prefix can
+        be wanted again. Run every :data:`_TRIM_EVERY_S`, not per ack: one cheap look
+        per storage queue, a deletion only when the prefix moved."""
         for queue in list(self.queues.values()):
             if queue.is_stream:
                 continue
             for ref in queue.refs(self.namespace):
                 try:
-                    bounds = await self._processor.queue_offsets(caller, ref)
-                    if bounds.latest > bounds.earliest and not await self._processor.pending_count(
-                        caller, GROUP, ref
-                    ):
-                        await self._processor.delete_records(caller, ref, bounds.latest)
+                    below = await self._processor.consumed_below(caller, GROUP, ref)
+                    if below > self._trimmed.get(ref, -1):
+                        bounds = await self._processor.queue_offsets(caller, ref)
+                        if below > bounds.earliest:
+                            await self._processor.delete_records(caller, ref, below)
+                        self._trimmed[ref] = below
                 except StorageError as e:  # deleted meanwhile, or storage trouble
                     log.debug("amqp: trimming %s skipped: %s", ref, e)
+                    self._trimmed.pop(ref, None)
 
     async def _trim_periodically(self, caller: Caller) -> None:
         while True:
@@ -208,7 +228,8 @@ class VirtualHost:
             if queue.durable and not value["exclusive"]:
                 self.queues[name] = queue
                 self._schedule_expiry(caller, queue)
-                self._start_sweeper(caller, queue)
+                if queue.int_argument("x-message-ttl") is not None:
+                    self._start_sweeper(caller, queue)
             else:
                 await self._drop_queue_storage(caller, queue)
         self._trimmer = asyncio.create_task(self._trim_periodically(caller))
@@ -383,7 +404,8 @@ class VirtualHost:
             self.queues[name] = queue
             queue.last_used = asyncio.get_running_loop().time()
             self._schedule_expiry(caller, queue)
-            self._start_sweeper(caller, queue)
+            if queue.int_argument("x-message-ttl") is not None:
+                self._start_sweeper(caller, queue)
             # Every queue is bound to the default exchange by its name: implicit in route.
             return queue
 
@@ -475,6 +497,8 @@ class VirtualHost:
             if not binding.to_exchange and binding.destination == queue.name:
                 await self._remove_binding(caller, binding)
         del self.queues[queue.name]
+        for ref in queue.refs(self.namespace):
+            self._trimmed.pop(ref, None)  # a queue declared again starts at offset 0
         self._route_cache.clear()
         for tasks in (self._expiry_tasks, self._sweepers):
             task = tasks.pop(queue.name, None)
@@ -525,6 +549,9 @@ class VirtualHost:
     async def consumer_removed(self, caller: Caller, queue: QueueDef) -> None:
         """After a consumer left: auto-delete queues go with their last consumer."""
         queue.last_used = asyncio.get_running_loop().time()
+        if queue.single_active:
+            for consumer in queue.consumers:  # the next in line may take over
+                consumer.wake()
         if queue.auto_delete and queue.ever_consumed and not queue.consumers:
             async with self._lock:
                 await self._delete_queue_locked(caller, queue)
@@ -555,18 +582,27 @@ class VirtualHost:
 
         self._expiry_tasks[queue.name] = asyncio.create_task(expire())
 
-    def _start_sweeper(self, caller: Caller, queue: QueueDef) -> None:
-        if queue.int_argument("x-message-ttl") is None:
+    def _start_sweeper(self, caller: Caller, queue: QueueDef, first_look_ms: int = 0) -> None:
+        """The expiry sweeper of a queue (protocols.amqp.expiry): for as long as the
+        queue lives if it has ``x-message-ttl``, else while its head expires."""
+        if queue.is_stream or queue.name in self._sweepers:
             return
         from protocols.amqp.expiry import sweep_expired  # expiry needs this module
 
-        task = asyncio.create_task(sweep_expired(caller, self, queue))
+        task = asyncio.create_task(sweep_expired(caller, self, queue, first_look_ms))
         self._sweepers[queue.name] = task
         task.add_done_callback(
             lambda t: (
                 self._sweepers.pop(queue.name) if self._sweepers.get(queue.name) is t else None
             )
         )
+
+    def watch_expiry(self, caller: Caller, queue: QueueDef, expires_in_ms: int) -> None:
+        """A message with its own ``expiration`` is going to ``queue``: make sure a
+        sweeper looks at the head about when it expires, as RabbitMQ expires messages
+        at the head without consumers."""
+        if queue.name in self.queues:
+            self._start_sweeper(caller, queue, expires_in_ms)
 
     @property
     def processor(self) -> Processor:

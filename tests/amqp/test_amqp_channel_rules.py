@@ -154,28 +154,36 @@ def test_published_message_carries_model_fields(server: LiveServer) -> None:
         assert message.property("h") == b"v" and message.property("n") == b"2"
 
 
-def test_drained_queue_is_trimmed_and_keeps_working(server: LiveServer) -> None:
-    queue = unique("trim")
+def test_queue_that_never_drains_is_trimmed_to_its_acked_prefix(server: LiveServer) -> None:
+    queue = unique("trim-busy")
     ref = QueueRef(DEFAULT_NAMESPACE, "amqp:" + queue, 0)
     storage = server.gateway.storage
     listener: Any = server.gateway.listeners.get("amqp")
     with connect(server) as conn:
         ch = conn.channel()
         ch.queue_declare(queue)
-        for i in range(3):
+        for i in range(6):
             ch.basic_publish("", queue, str(i).encode())
-        method, _, _ = ch.basic_get(queue)  # unacked: nothing may be trimmed yet
-        assert method is not None
         vhost = server.call(lambda: listener._vhosts.get(conn_caller()))
-        server.call(lambda: vhost.trim_consumed(conn_caller()))
-        assert server.call(lambda: storage.queue_offsets(ref)).earliest == 0
-        ch.basic_ack(method.delivery_tag)
-        for _ in range(2):
+
+        def trim_and_earliest() -> int:
+            ch.queue_declare(queue, passive=True)  # a round trip: earlier acks are settled
+            server.call(lambda: vhost.trim_consumed(conn_caller()))
+            return server.call(lambda: storage.queue_offsets(ref)).earliest
+
+        first, _, _ = ch.basic_get(queue)  # offset 0 held unacked
+        assert first is not None
+        for _ in range(2):  # offsets 1 and 2 acked behind it
             assert ch.basic_get(queue, auto_ack=True)[0] is not None
-        ch.queue_declare(queue, passive=True)  # a round trip: the acks are settled
-        server.call(lambda: vhost.trim_consumed(conn_caller()))
-        offsets = server.call(lambda: storage.queue_offsets(ref))
-        assert offsets.earliest == offsets.latest == 3
+        assert trim_and_earliest() == 0  # the acked prefix is still empty
+        ch.basic_ack(first.delivery_tag)
+        assert trim_and_earliest() == 3  # 0..2 acked; 3..5 still wait
+        assert ch.basic_get(queue, auto_ack=True)[2] == b"3"
+        assert trim_and_earliest() == 4
+        ch.basic_publish("", queue, b"6")
+        bodies = [ch.basic_get(queue, auto_ack=True)[2] for _ in range(3)]
+        assert bodies == [b"4", b"5", b"6"]
+        assert trim_and_earliest() == 7  # drained: trimmed to its end
         ch.basic_publish("", queue, b"after")
         assert ch.basic_get(queue, auto_ack=True)[2] == b"after"
 

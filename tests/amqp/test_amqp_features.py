@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, NackError
 
+from gateway.accounts import ANONYMOUS
+from gateway.processor import Caller
+from protocols.amqp.expiry import sweep_once
+from storage.model import DEFAULT_NAMESPACE
 from tests.amqp.conftest import WAIT_S, channel_closed, connect, drain, start, unique
 from tests.live_server import LiveServer
 
@@ -79,6 +84,75 @@ def test_per_message_expiration_on_delivery(server: LiveServer) -> None:
         assert body == b"long"
 
 
+def test_per_message_expiration_at_head_without_consumers(server: LiveServer) -> None:
+    with connect(server) as conn:
+        ch = conn.channel()
+        _, dead, source = _dlx_pair(ch)  # no x-message-ttl: the message's own expiration
+        ch.basic_publish("", source, b"gone", pika.BasicProperties(expiration="20"))
+        _, props, body = _get(ch, dead)  # nobody asked for it: expired at the head
+        assert body == b"gone" and props.headers["x-death"][0]["reason"] == "expired"
+        assert props.headers["x-death"][0]["original-expiration"] == "20"
+
+
+def test_ttl_sweeper_peeks_without_delivering(server: LiveServer) -> None:
+    """The sweeper removes what expired at the head (here by its own ``expiration``)
+    and only looks at the unexpired message behind it: that one is then a first
+    delivery, not a redelivery."""
+    listener: Any = server.gateway.listeners.get("amqp")
+    caller = Caller(principal=ANONYMOUS, namespace=DEFAULT_NAMESPACE, protocol="amqp")
+    with connect(server) as conn:
+        ch = conn.channel()
+        _, dead, source = _dlx_pair(ch, **{"x-message-ttl": 600_000})
+        ch.basic_publish("", source, b"short", pika.BasicProperties(expiration="1"))
+        ch.basic_publish("", source, b"stays")
+        _, props, body = _get(ch, dead)  # nobody consumes source: the sweeper did it
+        assert body == b"short" and props.headers["x-death"][0]["reason"] == "expired"
+        vhost = server.call(lambda: listener._vhosts.get(caller))
+        queue = vhost.queues[source]
+        due = server.call(lambda: sweep_once(caller, vhost, queue))  # looks at "stays"
+        assert due is not None and due > server.gateway.clock.now_ms() + 500_000
+        method, _, body = ch.basic_get(source, auto_ack=True)
+        assert body == b"stays"
+        assert method is not None and method.redelivered is False
+
+
+def test_single_active_consumer_hands_over_when_it_leaves(server: LiveServer) -> None:
+    queue = unique("sac")
+    got: dict[str, list[bytes]] = {"first": [], "second": []}
+    with connect(server) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue, arguments={"x-single-active-consumer": True})
+        first, second = conn.channel(), conn.channel()
+
+        def taker(name: str) -> Any:
+            def on_message(c: Any, m: Any, _p: Any, body: bytes) -> None:
+                got[name].append(body)
+                c.basic_ack(m.delivery_tag)
+
+            return on_message
+
+        for name, channel in (("first", first), ("second", second)):
+            channel.basic_consume(queue, taker(name), consumer_tag=name)
+        for i in range(4):
+            ch.basic_publish("", queue, f"a{i}".encode())
+        deadline = time.monotonic() + WAIT_S
+        while len(got["first"]) + len(got["second"]) < 4:
+            assert time.monotonic() < deadline, got
+            conn.process_data_events(time_limit=0.05)
+        assert got == {"first": [b"a0", b"a1", b"a2", b"a3"], "second": []}
+        first.basic_cancel("first")
+        for i in range(3):
+            ch.basic_publish("", queue, f"b{i}".encode())
+        while len(got["second"]) < 3:
+            assert time.monotonic() < deadline, got
+            conn.process_data_events(time_limit=0.05)
+        # (Sorted: a long poll the cancelled consumer had open may still take one
+        # message and give it back, which then comes after its successors.)
+        assert sorted(got["second"]) == [b"b0", b"b1", b"b2"] and len(got["first"]) == 4
+        with channel_closed(406):  # the argument is part of the queue's definition
+            conn.channel().queue_declare(queue)
+
+
 def test_dead_letter_routing_key_override(server: LiveServer) -> None:
     with connect(server) as conn:
         ch = conn.channel()
@@ -122,6 +196,21 @@ def test_max_length_reject_publish_nacks(server: LiveServer) -> None:
         with pytest.raises(NackError):
             ch.basic_publish("", queue, b"3")
         assert ch.queue_declare(queue, passive=True).method.message_count == 2
+
+
+def test_reject_publish_dlx_nacks_and_dead_letters(server: LiveServer) -> None:
+    with connect(server) as conn:
+        ch = conn.channel()
+        ch.confirm_delivery()
+        _, dead, source = _dlx_pair(ch, **{"x-max-length": 1, "x-overflow": "reject-publish-dlx"})
+        ch.basic_publish("", source, b"kept")
+        with pytest.raises(NackError):
+            ch.basic_publish("", source, b"over")
+        _, props, body = _get(ch, dead)
+        assert body == b"over" and props.headers["x-death"][0]["reason"] == "maxlen"
+        assert props.headers["x-death"][0]["queue"] == source
+        assert ch.queue_declare(source, passive=True).method.message_count == 1
+        assert ch.basic_get(source, auto_ack=True)[2] == b"kept"
 
 
 def test_priorities_deliver_highest_first(server: LiveServer) -> None:
