@@ -38,8 +38,11 @@ unit: $(STAMP) $(NODE_STAMP)
 
 test: lint typecheck unit
 
+# `make bench` measures the storage engine; `make bench BENCH=kafka` (amqp, mqtt,
+# rocketmq, http) one protocol against a server it starts itself.
+BENCH ?= storage
 bench: $(STAMP)
-	$(BIN)/python bench/storage.py $(ARGS)
+	$(BIN)/python -m bench.$(BENCH) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -160,6 +160,11 @@ class MqttConfig:
     # Sessions with no expiry given by a v5 client (and v3 persistent sessions) last
     # this long after disconnect; EMQX's session_expiry_interval default is 2 h.
     default_session_expiry_s: int = 7200
+    # Mosquitto's max_keepalive: longer (or no) keep-alives asked by v5 clients are
+    # capped to this in CONNACK (Server Keep Alive); 0 lets clients choose.
+    max_keep_alive_s: int = 65535
+    # Mosquitto's sys_interval: how often $SYS subscribers get fresh values.
+    sys_interval_s: int = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -47,6 +48,7 @@ _SESSION_KIND = "mqtt.session"
 _SESSION_PREFIX = "$mqtt.session."
 _SHARED_PREFIX = "$mqtt.share."
 _NEVER_EXPIRES = 0xFFFFFFFF
+_DISCOVER_S = 2.0  # how often wildcard filters look for new storage topics
 
 
 @dataclass(slots=True, kw_only=True)
@@ -109,7 +111,11 @@ class Session:
     queue: QueueRef | None = None  # persistent sessions only
     subscriptions: dict[str, SubOptions] = field(default_factory=dict)
     owner: SessionOwner | None = None
-    inbound_qos2: set[int] = field(default_factory=set)  # PUBREC sent, PUBREL awaited
+    # QoS 2 in (v5 4.3.3): packet id -> the release epoch it arrived in, for PUBLISHes
+    # answered with PUBREC whose PUBREL has not come yet. See :meth:`qos2_dedup_key`.
+    inbound_qos2: dict[int, int] = field(default_factory=dict)
+    release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     outbound_pubrel: set[int] = field(default_factory=set)  # PUBREL sent, PUBCOMP awaited
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
 
@@ -142,6 +148,7 @@ class Outgoing:
     qos: int
     retain: bool
     publisher: str | None = None
+    dedup_key: str | None = None  # QoS 2 in: see Broker.qos2_dedup_key
 
 
 def _queue_topic(prefix: str, name: str) -> str:
@@ -175,6 +182,10 @@ class Broker:
         self._tails: dict[str, TopicTail] = {}
         self._ending: dict[str, asyncio.Future[None]] = {}  # sessions being removed
         self._tail_refs: dict[str, int] = {}  # storage topic -> filters reaching it
+        self._wild_refs = 0  # filters whose first level is a wildcard: they reach all
+        self._discovery: asyncio.Task[None] | None = None
+        self._discovered = asyncio.Event()
+        self._dropping: dict[str, asyncio.Task[None]] = {}  # shared queues being deleted
         self.messages_in = 0
 
     @classmethod
@@ -192,9 +203,12 @@ class Broker:
                 client_id=client_id,
                 expiry_s=raw["expiry_s"],
                 queue=QueueRef(namespace, raw["queue"]),
-                inbound_qos2=set(raw.get("qos2_in", ())),
+                inbound_qos2=_inbound_from_json(raw.get("qos2_in", ())),
                 outbound_pubrel=set(raw.get("qos2_out", ())),
+                release_epoch=raw.get("release_epoch", 0),
             )
+            if "incarnation" in raw:
+                session.incarnation = raw["incarnation"]
             gone_ms = raw.get("disconnected_ms") or now
             left_ms = _expiry_left_ms(session.expiry_s, gone_ms, now)
             if left_ms is not None and left_ms <= 0:
@@ -204,6 +218,7 @@ class Broker:
             for topic_filter, options in raw["subs"].items():
                 await broker._index_add(session, topic_filter, SubOptions.from_json(options))
             broker._schedule_expiry(session, left_ms)
+        await broker._drop_orphan_groups()
         return broker
 
     # -- sessions ------------------------------------------------------------------
@@ -306,12 +321,40 @@ class Broker:
                 "queue": session.queue.topic,
                 "subs": {f: o.to_json() for f, o in session.subscriptions.items()},
                 "disconnected_ms": disconnected_ms,
-                # QoS 2 flows in progress, saved when the client leaves (a clean stop
-                # keeps them; a crash loses them, v5 4.3.3)
-                "qos2_in": sorted(session.inbound_qos2),
+                # QoS 2 flows in progress. The release epoch is saved before every
+                # PUBCOMP (see qos2_dedup_key); the rest when the client leaves.
+                "qos2_in": sorted(session.inbound_qos2.items()),
                 "qos2_out": sorted(session.outbound_pubrel),
+                "release_epoch": session.release_epoch,
+                "incarnation": session.incarnation,
             },
         )
+
+    # -- QoS 2 in: exactly once across crashes ------------------------------------
+
+    @staticmethod
+    def qos2_dedup_key(session: Session, packet_id: int) -> str:
+        """The storage dedup key of a QoS 2 PUBLISH (the engine's dedup window
+        survives a crash, so a resend after one is not stored again).
+
+        The key names the session's incarnation (a new session of the same client id
+        is a new one), the packet id, and the release epoch the packet id arrived in:
+        the count of PUBRELs handled, which is saved before each PUBCOMP. A resend
+        gets the same key: either its packet id is still known with its epoch, or
+        (after a crash) no PUBREL was answered since it arrived, so the saved epoch is
+        the one it arrived in. A packet id reused after PUBCOMP gets a later epoch."""
+        epoch = session.inbound_qos2.get(packet_id, session.release_epoch)
+        return f"mqtt.qos2/{session.client_id}/{session.incarnation}/{packet_id}/{epoch}"
+
+    async def release_qos2(self, session: Session, packet_ids: list[int]) -> list[bool]:
+        """PUBRELs: forget their packet ids and move to the next release epoch, saved
+        (for persistent sessions) before the PUBCOMPs go out. Returns, per packet id,
+        whether it was known (v5 3.7.2.1)."""
+        known = [session.inbound_qos2.pop(pid, None) is not None for pid in packet_ids]
+        session.release_epoch += 1
+        if session.queue is not None:
+            await self._save(session, disconnected_ms=None)
+        return known
 
     # -- subscriptions -------------------------------------------------------------
 
@@ -319,6 +362,9 @@ class Broker:
         """Add or replace a subscription; True if it is new (retain handling 1). A
         persistent session keeps it once :meth:`save_subscriptions` ran."""
         new = topic_filter not in session.subscriptions
+        if not new and split_shared(topic_filter) is not None:
+            session.subscriptions[topic_filter] = options  # stays a member: keep the queue
+            return False
         if not new:
             self._index_remove(session, topic_filter)
         await self._index_add(session, topic_filter, options)
@@ -342,13 +388,7 @@ class Broker:
         if shared is None:
             self.index.add(topic_filter, session.client_id, (session, options))
         else:
-            group = self.shared.get(shared)
-            if group is None:
-                name, inner = shared
-                queue = QueueRef(self.namespace, _queue_topic(_SHARED_PREFIX, f"{name}/{inner}"), 0)
-                await self.ensure_topic(queue.topic)
-                group = self.shared[shared] = SharedGroup(name=name, filter=inner, queue=queue)
-                self.index.add(inner, ("$share", name), group)
+            group = self.shared.get(shared) or await self._new_group(*shared)
             group.members[session.client_id] = session
         # Only now: the tail routes as soon as it starts, and must find this entry.
         await self._count_tail(shared[1] if shared else topic_filter)
@@ -364,31 +404,113 @@ class Broker:
         group = self.shared.get(shared)
         if group is not None:
             group.members.pop(session.client_id, None)
-            # The group and its queue stay while empty: messages wait for members.
+            if not group.members:
+                self._drop_group(shared, group)
+
+    async def _new_group(self, name: str, inner: str) -> SharedGroup:
+        queue = QueueRef(self.namespace, _queue_topic(_SHARED_PREFIX, f"{name}/{inner}"), 0)
+        dropping = self._dropping.get(queue.topic)
+        if dropping is not None:  # the group's last member just left: a new queue
+            await asyncio.shield(dropping)
+        await self.ensure_topic(queue.topic)
+        group = self.shared.get((name, inner))  # another member may have made it meanwhile
+        if group is None:
+            group = self.shared[(name, inner)] = SharedGroup(name=name, filter=inner, queue=queue)
+            self.index.add(inner, ("$share", name), group)
+        return group
+
+    def _drop_group(self, key: tuple[str, str], group: SharedGroup) -> None:
+        """The last member left (unsubscribed, or its session ended): the group is
+        gone, and its queue with what waited in it (no subscription, no message).
+        Members of a persistent session that is only offline stay members."""
+        del self.shared[key]
+        self.index.remove(group.filter, ("$share", group.name))
+        topic = group.queue.topic
+        self._topics.discard(topic)
+
+        async def delete() -> None:
+            try:
+                with contextlib.suppress(TopicNotFound):
+                    await self.processor.delete_topic(self.caller, topic)
+            except StorageError as e:
+                log.warning("mqtt: deleting shared queue %s: %s", topic, e)
+            finally:
+                if self._dropping.get(topic) is task:
+                    del self._dropping[topic]
+
+        task = asyncio.get_running_loop().create_task(delete())
+        self._dropping[topic] = task
+
+    async def _drop_orphan_groups(self) -> None:
+        """Shared queues no restored session is a member of (left behind by a crash
+        or an older version) are deleted when the broker loads."""
+        used = {group.queue.topic for group in self.shared.values()}
+        try:
+            for info in await self.processor.list_topics(self.caller):
+                if info.name.startswith(_SHARED_PREFIX) and info.name not in used:
+                    with contextlib.suppress(TopicNotFound):
+                        await self.processor.delete_topic(self.caller, info.name)
+        except StorageError as e:  # not worth refusing connections for: next load
+            log.warning("mqtt: removing unused shared queues of %s: %s", self.namespace, e)
 
     # -- messages from other protocols -------------------------------------------
 
     async def _count_tail(self, topic_filter: str) -> None:
-        """Keep a tail on the storage topic a filter's literal first level names."""
+        """Keep a tail on the storage topic a filter's literal first level names, or
+        on every storage topic of the namespace for a filter starting with a
+        wildcard."""
         first = topic_filter.split("/", 1)[0]
         if first in ("+", "#"):
+            self._wild_refs += 1
+            if self._discovery is None or self._discovery.done():
+                self._discovered.clear()
+                self._discovery = asyncio.get_running_loop().create_task(self._discover())
+            await self._discovered.wait()
             return
         topic = storage_topic(topic_filter)
         self._tail_refs[topic] = self._tail_refs.get(topic, 0) + 1
-        if topic not in self._tails or self._tails[topic].done():
+        await self._tail(topic).ready()
+
+    def _tail(self, topic: str, *, from_start: bool = False) -> TopicTail:
+        tail = self._tails.get(topic)
+        if tail is None or tail.done():
             tail = TopicTail(
                 self.processor,
                 self.caller,
                 topic,
                 lambda stored, live: self._route_foreign(topic, stored, live=live),
-                lambda: topic in self._tail_refs,
+                lambda: topic in self._tail_refs or (self._wild_refs > 0 and _public(topic)),
+                from_start=from_start,
             )
             self._tails[topic] = tail
             tail.start()
-            await tail.ready()
+        return tail
+
+    async def _discover(self) -> None:
+        """While some filter starts with a wildcard, tail every storage topic of the
+        namespace (not ``$`` ones, which wildcards do not match, v5 4.7.2): listed
+        every few seconds, so an append costs nothing more. A topic found after the
+        first listing is new, and is tailed from its start."""
+        first = True
+        try:
+            while self._wild_refs > 0:
+                try:
+                    names = [t.name for t in await self.processor.list_topics(self.caller)]
+                except StorageError as e:
+                    log.warning("mqtt: listing the topics of %s: %s", self.namespace, e)
+                    names = []
+                tails = [self._tail(n, from_start=not first) for n in names if _public(n)]
+                for tail in tails:
+                    await tail.ready()
+                first = False
+                self._discovered.set()
+                await asyncio.sleep(_DISCOVER_S)
+        finally:
+            self._discovered.set()  # a subscriber never waits for a discovery that ended
 
     def _uncount_tail(self, topic_filter: str) -> None:
         if topic_filter.split("/", 1)[0] in ("+", "#"):
+            self._wild_refs -= 1
             return
         topic = storage_topic(topic_filter)
         refs = self._tail_refs.get(topic, 0) - 1
@@ -428,6 +550,14 @@ class Broker:
         """Stop timers and tails (server stop): storage closes next."""
         for session in self.sessions.values():
             _cancel_timers(session)
+        discovery, self._discovery = self._discovery, None
+        if discovery is not None:
+            discovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await discovery
+        for task in list(self._dropping.values()):
+            with contextlib.suppress(BaseException):
+                await task
         tails = list(self._tails.values())
         self._tails.clear()
         for tail in tails:
@@ -481,7 +611,9 @@ class Broker:
             await self.ensure_topic(topic)
             queues = [QueueRef(self.namespace, topic, 0)]
             self._route(item, queues, memory, woken)
-            requests.append(AppendRequest(entry=item.message, queues=tuple(queues)))
+            requests.append(
+                AppendRequest(entry=item.message, queues=tuple(queues), dedup_key=item.dedup_key)
+            )
         for owner, delivery in memory:
             owner.deliver(delivery)
         try:
@@ -594,10 +726,21 @@ class Broker:
         return published_qos(message)
 
 
+def _public(topic: str) -> bool:
+    """A storage topic wildcard filters reach (not ``$SYS``-like or ours)."""
+    return not topic.startswith("$")
+
+
 def _expiry_left_ms(expiry_s: int, gone_ms: int, now_ms: int) -> int | None:
     if expiry_s == _NEVER_EXPIRES:
         return None
     return expiry_s * 1000 - (now_ms - gone_ms)
+
+
+def _inbound_from_json(raw: Any) -> dict[int, int]:
+    """Saved ``[packet id, epoch]`` pairs (plain packet ids before epochs existed)."""
+    pairs = (p if isinstance(p, list) else (p, 0) for p in raw)
+    return {packet_id: epoch for packet_id, epoch in pairs}
 
 
 def _cancel_timers(session: Session) -> None:

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 import socket
+from collections.abc import Awaitable
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
@@ -14,6 +15,7 @@ from websockets.typing import Subprotocol
 from gateway.connections import TooManyConnections, current_connection_id, serving_connection
 from gateway.listeners import Listener, ListenerContext, TcpListener
 from protocols.mqtt.connection import MqttConnection
+from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.services import MqttServices, services_for
 from protocols.mqtt.transport import TcpTransport, WebSocketTransport
 
@@ -24,12 +26,13 @@ log = logging.getLogger(__name__)
 _SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
 
 
-def mqtt_listener(context: ListenerContext) -> Listener:
-    services = services_for(context)
+def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:
+    services = services_for(context, options)
 
-    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        connection = MqttConnection(services, TcpTransport(reader, writer), current_connection_id())
-        await connection.run()
+    def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None]:
+        # The connection's coroutine itself (no frame around it while it is idle).
+        transport = TcpTransport(reader, writer)
+        return MqttConnection(services, transport, current_connection_id()).run()
 
     return _MqttTcpListener(
         TcpListener(
@@ -72,8 +75,8 @@ class _MqttTcpListener:
         await self._services.stop()
 
 
-def mqtt_ws_listener(context: ListenerContext) -> Listener:
-    return MqttWebSocketListener(context, services_for(context))
+def mqtt_ws_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:
+    return MqttWebSocketListener(context, services_for(context, options))
 
 
 class MqttWebSocketListener:

@@ -53,6 +53,29 @@ class _InFlight:
 
 
 class Outbound:
+    __slots__ = (
+        "_aliases",
+        "_backlog",
+        "_broker",
+        "_caller",
+        "_clock",
+        "_flush_scheduled",
+        "_inflight",
+        "_next_pid",
+        "_out",
+        "_pump_task",
+        "_pump_wake",
+        "_services",
+        "_session",
+        "_to_ack",
+        "_transport",
+        "active",
+        "alias_max",
+        "level",
+        "max_packet",
+        "window",
+    )
+
     def __init__(self, services: MqttServices, transport: Transport) -> None:
         self._services = services
         self._transport = transport

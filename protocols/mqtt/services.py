@@ -17,6 +17,7 @@ from gateway.listeners import ListenerContext
 from gateway.metering import Metering
 from gateway.processor import Processor
 from protocols.mqtt.broker import Broker, Delivery
+from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.topic_filter_index import filter_matches
 from storage.clock import Clock
 from storage.model import Message
@@ -79,12 +80,12 @@ class MqttServices:
     clock: Clock
     brokers: BrokerRegistry
     stats: Stats
+    options: MqttOptions
     version: str = "polymq"
-    sys_interval_s: float = 10.0  # Mosquitto's sys_interval default
     _sys_task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        """Start publishing ``$SYS`` every ``sys_interval_s`` (idempotent: both
+        """Start publishing ``$SYS`` every ``options.sys_interval_s`` (idempotent: both
         listeners call it)."""
         if self._sys_task is None or self._sys_task.done():
             self._sys_task = asyncio.get_running_loop().create_task(self._publish_sys())
@@ -99,7 +100,7 @@ class MqttServices:
 
     async def _publish_sys(self) -> None:
         while True:
-            await asyncio.sleep(self.sys_interval_s)
+            await asyncio.sleep(self.options.sys_interval_s)
             now = self.clock.now_ms()
             values = self.sys_values()
             for broker in self.brokers.loaded():
@@ -142,9 +143,10 @@ class MqttServices:
 _SHARED: weakref.WeakKeyDictionary[Processor, MqttServices] = weakref.WeakKeyDictionary()
 
 
-def services_for(context: ListenerContext) -> MqttServices:
+def services_for(context: ListenerContext, options: MqttOptions | None = None) -> MqttServices:
     """The services shared by the MQTT listeners of one gateway (keyed by its
-    processor, which both listeners' contexts carry)."""
+    processor, which both listeners' contexts carry); the first listener built
+    sets the options."""
     services = _SHARED.get(context.processor)
     if services is None:
         services = MqttServices(
@@ -156,6 +158,11 @@ def services_for(context: ListenerContext) -> MqttServices:
             clock=context.clock,
             brokers=BrokerRegistry(context.processor),
             stats=Stats(started_ms=context.clock.now_ms()),
+            options=options
+            or MqttOptions(
+                max_keep_alive_s=context.config.mqtt.max_keep_alive_s,
+                sys_interval_s=context.config.mqtt.sys_interval_s,
+            ),
         )
         _SHARED[context.processor] = services
     return services

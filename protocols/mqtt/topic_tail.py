@@ -45,7 +45,11 @@ class TopicTail:
         topic: str,
         route: Route,
         wanted: Callable[[], bool],
+        *,
+        from_start: bool = False,
     ) -> None:
+        """``from_start``: the topic is known to be newer than the filters that want
+        it (found by a wildcard filter's discovery), so all of it is new."""
         self._processor = processor
         self._caller = caller
         self.topic = topic
@@ -54,6 +58,7 @@ class TopicTail:
         self._tasks: list[asyncio.Task[None]] = []
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._from_start = from_start
 
     async def ready(self) -> None:
         """Wait until the tail knows where it starts: a message stored after this
@@ -76,7 +81,7 @@ class TopicTail:
 
     async def _run(self) -> None:
         namespace = self._caller.namespace
-        from_start = False  # a topic created after the tail started: all of it is new
+        from_start = self._from_start  # a topic created after the tail started: all new
         while self._wanted():
             try:
                 info = await self._processor.describe_topic(self._caller, self.topic)
@@ -97,12 +102,13 @@ class TopicTail:
             for i, offsets in enumerate(info.queues):
                 queue = QueueRef(namespace, self.topic, i)
                 committed = await self._processor.fetch_offset(self._caller, TAIL_GROUP, queue)
+                live_from = offsets.latest
                 if committed is not None:  # resume where the last run stopped
                     start = committed.offset
                 else:  # first run: from here on, and remember that
-                    start = offsets.earliest if from_start else offsets.latest
+                    start = live_from = offsets.earliest if from_start else offsets.latest
                     await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, start)
-                starts.append((queue, start, offsets.latest))
+                starts.append((queue, start, live_from))
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._follow(*start)) for start in starts]
             self._ready.set()
@@ -118,14 +124,19 @@ class TopicTail:
         while self._wanted():
             try:
                 result = await self._processor.read(
-                    self._caller, queue, offset, max_messages=256, wait_ms=_WAIT_MS
+                    self._caller,
+                    queue,
+                    offset,
+                    max_messages=256,
+                    wait_ms=_WAIT_MS,
+                    metered=False,  # a look: what reaches a client is metered on sending
                 )
             except OffsetOutOfRange as e:
                 offset = e.earliest if offset < e.earliest else e.latest
                 continue
             except TopicNotFound:
                 return
-            foreign = [m for m in result.messages if m.message.property(interop.MQTT_TOPIC) is None]
+            foreign = [m for m in result.messages if not _from_mqtt(m)]
             offset = result.next_offset
             try:
                 old = [m for m in foreign if m.offset < live_from]
@@ -140,3 +151,13 @@ class TopicTail:
             ):
                 await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, offset)
                 committed, committed_at = offset, time.monotonic()
+
+
+def _from_mqtt(stored: StoredMessage) -> bool:
+    """Whether MQTT stored this (and so routed it already): its first property is
+    ``mqtt.topic`` (mapping.message_from_publish puts it there), so MQTT's own
+    messages are skipped without scanning their properties."""
+    properties = stored.message.properties
+    if properties and properties[0][0] == interop.MQTT_TOPIC:
+        return True
+    return stored.message.property(interop.MQTT_TOPIC) is not None

@@ -4,6 +4,7 @@ client that records what it receives, and a raw-socket client for bad input."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import socket
 import threading
 import time
@@ -22,6 +23,7 @@ from paho.mqtt.properties import Properties
 from gateway.config import AccountConfig, AuthConfig
 from protocols.mqtt import codec
 from protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
+from protocols.mqtt.options import MqttOptions
 from tests.live_server import LiveServer, live_server, server_config
 
 __all__ = [
@@ -44,9 +46,11 @@ def mqtt_server(
     overrides: Mapping[str, Any] | None = None,
     *,
     accounts: Mapping[str, str | tuple[str, str]] | None = None,
+    options: MqttOptions | None = None,
 ) -> Iterator[LiveServer]:
     """A gateway with both MQTT listeners; ``accounts`` (user to password, or to
-    password and namespace) turns on authentication."""
+    password and namespace) turns on authentication; ``options`` the adapter's
+    tunables."""
     config = server_config(tmp_path, ("mqtt", "mqtt_ws"), overrides)
     if accounts is not None:
         auth = AuthConfig(
@@ -54,7 +58,12 @@ def mqtt_server(
             accounts=tuple(_account(user, spec) for user, spec in accounts.items()),
         )
         config = dataclasses.replace(config, auth=auth)
-    with live_server(tmp_path, ("mqtt", "mqtt_ws"), factories=FACTORIES, config=config) as server:
+    factories = FACTORIES
+    if options is not None:
+        factories = {
+            name: functools.partial(factory, options=options) for name, factory in FACTORIES.items()
+        }
+    with live_server(tmp_path, ("mqtt", "mqtt_ws"), factories=factories, config=config) as server:
         yield server
 
 

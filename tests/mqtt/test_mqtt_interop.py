@@ -6,8 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from gateway.accounts import Principal
+from gateway.processor import Caller
 from protocols import interop
 from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
+from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, mqtt_server
 
 
@@ -81,3 +84,76 @@ def test_foreign_messages_stored_while_down_reach_persistent_sessions(tmp_path: 
         live = AppendRequest(entry=Message(body=b"live"), queues=(queue,))
         server.call(lambda: storage.append([live]))
         assert [m.payload for m in fresh.wait_messages(1)] == [b"live"]  # not the old one
+
+
+def _kafka_caller() -> Caller:
+    principal = Principal(
+        name="kafka-app", namespaces=frozenset({DEFAULT_NAMESPACE}), default_namespace="default"
+    )
+    return Caller(principal=principal, namespace=DEFAULT_NAMESPACE, protocol="kafka")
+
+
+def _kafka_topic(server: LiveServer, topic: str) -> None:
+    processor = server.gateway.processor
+    server.call(lambda: processor.create_topic(_kafka_caller(), topic, TopicConfig()))
+
+
+def _kafka_append(server: LiveServer, topic: str, body: bytes) -> None:
+    """Store a record as another protocol does: through the processor."""
+    processor = server.gateway.processor
+    request = AppendRequest(
+        entry=Message(body=body), queues=(QueueRef(DEFAULT_NAMESPACE, topic, 0),)
+    )
+    server.call(lambda: processor.append(_kafka_caller(), [request]))
+
+
+def _mqtt_out(server: LiveServer) -> int:
+    usage = server.gateway.metering.snapshot()
+    return sum(u.messages_out for u in usage if u.protocol == "mqtt")
+
+
+def test_the_tail_does_not_meter_what_it_reads(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        _kafka_topic(server, "meter")
+        sub = Paho(port).connect()
+        sub.subscribe("meter/#", qos=1)  # a tail on storage topic "meter"
+        pub = Paho(port).connect()
+        pub.publish("meter/mqtt", b"own", qos=1)  # read by the tail, skipped
+        _kafka_append(server, "meter", b"foreign")
+        got = sub.wait_messages(2)
+        assert sorted(m.payload for m in got) == [b"foreign", b"own"]
+        # the tail read both; only the two deliveries are messages out
+        assert _mqtt_out(server) == 2
+
+
+def test_foreign_messages_reach_filters_starting_with_a_wildcard(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        _kafka_topic(server, "plant")
+        everything = Paho(port).connect()
+        everything.subscribe("#", qos=1)
+        one_level = Paho(port, v5=True).connect()
+        one_level.subscribe("+", qos=1)
+        two_levels = Paho(port).connect()
+        two_levels.subscribe("+/x", qos=1)
+        pub = Paho(port).connect()
+        pub.publish("plant/x", b"mqtt", qos=1)
+        _kafka_append(server, "plant", b"old topic")
+        # a storage topic created after the subscriptions is found too
+        _kafka_topic(server, "fresh")
+        _kafka_append(server, "fresh", b"new topic")
+        got = everything.wait_messages(3)
+        assert sorted((m.topic, m.payload) for m in got) == [
+            ("fresh", b"new topic"),
+            ("plant", b"old topic"),
+            ("plant/x", b"mqtt"),
+        ]
+        got = one_level.wait_messages(2)
+        assert sorted((m.topic, m.payload) for m in got) == [
+            ("fresh", b"new topic"),
+            ("plant", b"old topic"),
+        ]
+        # "+/x" matches the MQTT publish only: it came once, not again by the tail
+        assert [m.payload for m in two_levels.wait_messages(1)] == [b"mqtt"]
+        assert len(everything.messages) == 3

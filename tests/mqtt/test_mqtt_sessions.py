@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from protocols.mqtt import codec
+from storage.model import DEFAULT_NAMESPACE, TopicConfig
+from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server, wait_until
 
 
@@ -203,3 +205,55 @@ def test_packets_pipelined_behind_connect(tmp_path: Path) -> None:
             codec.PingResp(),
         ]
         assert [m.payload for m in watcher.wait_messages(1)] == [b"early"]
+
+
+def _shared_queues(server: LiveServer) -> set[str]:
+    storage = server.gateway.storage
+    topics = server.call(lambda: storage.list_topics(DEFAULT_NAMESPACE))
+    return {t.name for t in topics if t.name.startswith("$mqtt.share.")}
+
+
+def test_shared_queue_is_deleted_when_its_last_member_leaves(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        first = Paho(port).connect()
+        second = Paho(port).connect()
+        first.subscribe("$share/g/jobs", qos=1)
+        second.subscribe("$share/g/jobs", qos=1)
+        assert _shared_queues(server) == {"$mqtt.share.g/jobs"}
+        first.client.unsubscribe("$share/g/jobs")
+        second.disconnect()  # a clean session ends: the last member is gone
+        wait_until(lambda: not _shared_queues(server), what="the queue deleted")
+        # an offline persistent member keeps the group: messages wait for it
+        keeper = Paho(port, client_id="keeper", clean=False).connect()
+        keeper.subscribe("$share/p/jobs", qos=1)
+        keeper.disconnect()
+        first.publish("jobs", b"waits", qos=1)
+        assert _shared_queues(server) == {"$mqtt.share.p/jobs"}
+        keeper = Paho(port, client_id="keeper", clean=False).connect()
+        assert [m.payload for m in keeper.wait_messages(1)] == [b"waits"]
+        keeper.disconnect()
+        Paho(port, client_id="keeper", clean=True).connect().disconnect()  # session ends
+        wait_until(lambda: not _shared_queues(server), what="the queue deleted")
+        # a new member after that gets a new, working queue
+        fresh = Paho(port).connect()
+        fresh.subscribe("$share/g/jobs", qos=1)
+        first.publish("jobs", b"again", qos=1)
+        assert [m.payload for m in fresh.wait_messages(1)] == [b"again"]
+
+
+def test_unused_shared_queues_are_deleted_on_load(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        keeper = Paho(port, client_id="keeper", clean=False).connect()
+        keeper.subscribe("$share/kept/jobs", qos=1)
+        keeper.disconnect()
+        storage = server.gateway.storage
+        # left behind by a crash between a group's end and its queue's deletion
+        server.call(
+            lambda: storage.create_topic(DEFAULT_NAMESPACE, "$mqtt.share.gone/x", TopicConfig())
+        )
+        assert _shared_queues(server) == {"$mqtt.share.kept/jobs", "$mqtt.share.gone/x"}
+    with mqtt_server(tmp_path) as server:
+        Paho(server.port("mqtt")).connect()  # loads the namespace's broker
+        assert _shared_queues(server) == {"$mqtt.share.kept/jobs"}

@@ -1,0 +1,22 @@
+"""Tunables of the MQTT adapter, filled from ``[mqtt]`` by the listener factories.
+
+Defaults are Mosquitto's; tests pass shorter times (fractions of a second, which
+the config's whole seconds cannot say) through :class:`MqttOptions` rather than
+waiting through the real ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["MqttOptions"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MqttOptions:
+    # Mosquitto's max_keepalive: a v5 client asking for a longer keep-alive, or for
+    # none (0), is told this one in CONNACK (Server Keep Alive, v5 3.2.2.3.14) and
+    # held to it. 0 lets clients choose, 0 included. v3 clients keep their own.
+    max_keep_alive_s: int = 65535
+    # Mosquitto's sys_interval: how often ``$SYS`` subscribers get fresh values.
+    sys_interval_s: float = 10.0

@@ -1,0 +1,102 @@
+"""A server killed (SIGKILL) in the middle of a QoS 2 flow: exactly once still holds,
+since a QoS 2 PUBLISH is appended with a dedup key that the storage engine records
+with the message (protocols/mqtt/broker.py, ``Broker.qos2_dedup_key``)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TypeVar
+
+from protocols.mqtt import codec
+from tests.mqtt.helpers import TIMEOUT, RawClient, wait_until
+
+_P = TypeVar("_P")
+_ROOT = Path(__file__).resolve().parents[2]
+
+
+@contextlib.contextmanager
+def _server(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
+    """A gateway in its own process, killed with SIGKILL when the block ends: no
+    clean stop, no session saved on the way out."""
+    command = [sys.executable, "-m", "bench.mqtt", "--serve", str(port)]
+    command += ["--data-dir", str(data_dir)]
+    proc = subprocess.Popen(command, cwd=_ROOT, stderr=subprocess.DEVNULL)
+    try:
+        wait_until(lambda: _listening(port, proc), TIMEOUT * 2, "the server to listen")
+        yield proc
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _listening(port: int, proc: subprocess.Popen[bytes]) -> bool:
+    assert proc.poll() is None, "the server exited early"
+    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+        return True
+    return False
+
+
+def _expect(client: RawClient, kind: type[_P]) -> _P:
+    packet = client.receive()
+    assert isinstance(packet, kind), packet
+    return packet
+
+
+def _persistent(port: int, client_id: str) -> tuple[RawClient, codec.ConnAck]:
+    client = RawClient(port)
+    ack = client.connect(client_id, clean_start=False, properties={codec.SESSION_EXPIRY: 600})
+    return client, ack
+
+
+def test_qos2_resend_after_a_crash_is_stored_once(tmp_path: Path) -> None:
+    port = _free_port()
+    with _server(tmp_path, port):
+        watcher, _ = _persistent(port, "watcher")
+        watcher.subscribe("crash/#", qos=1)
+        watcher.send(codec.Disconnect())
+        watcher.close()
+        publisher, _ = _persistent(port, "publisher")
+        publish = codec.Publish(topic="crash/a", payload=b"once", qos=2, packet_id=7)
+        publisher.send(publish)
+        _expect(publisher, codec.PubRec)
+        # killed here: PUBREC sent, PUBREL not received
+    publisher.close()
+    with _server(tmp_path, port):
+        publisher, ack = _persistent(port, "publisher")
+        assert ack.session_present
+        publish.dup = True
+        publisher.send(publish)  # the client resends what got no PUBCOMP (v5 4.4)
+        _expect(publisher, codec.PubRec)
+        publisher.send(codec.PubRel(packet_id=7))
+        assert _expect(publisher, codec.PubComp).reason in (0x00, 0x92)
+        # the packet id reused after PUBCOMP, same payload: a new message
+        publisher.send(codec.Publish(topic="crash/a", payload=b"once", qos=2, packet_id=7))
+        _expect(publisher, codec.PubRec)
+        publisher.send(codec.PubRel(packet_id=7))
+        _expect(publisher, codec.PubComp)
+        publisher.send(codec.Publish(topic="crash/a", payload=b"end", qos=1, packet_id=8))
+        _expect(publisher, codec.PubAck)
+        watcher, ack = _persistent(port, "watcher")
+        assert ack.session_present
+        payloads: list[bytes] = []
+        while not payloads or payloads[-1] != b"end":
+            packet = _expect(watcher, codec.Publish)
+            payloads.append(packet.payload)
+            watcher.send(codec.PubAck(packet_id=packet.packet_id))
+        assert payloads == [b"once", b"once", b"end"]
+        publisher.close()
+        watcher.close()
