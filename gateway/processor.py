@@ -125,8 +125,14 @@ class Processor:
     async def delete_topic(self, caller: Caller, topic: str) -> None:
         await self._storage.delete_topic(self._check(caller), topic)
 
-    async def list_topics(self, caller: Caller) -> list[TopicInfo]:
-        return await self._storage.list_topics(self._check(caller))
+    async def list_topics(
+        self, caller: Caller, *, include_internal: bool = False
+    ) -> list[TopicInfo]:
+        """``include_internal``: also protocols' own topics (``TopicConfig.internal``),
+        for the adapter that keeps them."""
+        return await self._storage.list_topics(
+            self._check(caller), include_internal=include_internal
+        )
 
     async def describe_topic(self, caller: Caller, topic: str) -> TopicInfo:
         return await self._storage.describe_topic(self._check(caller), topic)
@@ -147,17 +153,27 @@ class Processor:
 
     # -- append --------------------------------------------------------------------
 
-    async def append(self, caller: Caller, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+    async def append(
+        self, caller: Caller, requests: Sequence[AppendRequest], *, metered: bool = True
+    ) -> list[AppendResult]:
         """Produce. Counted once per request however many queues it dispatches to:
-        metering bills what the producer sent."""
+        metering bills what the producer sent. A request stored earlier under its dedup
+        key (``duplicate`` result: a producer's retry) is not new traffic and is not
+        counted; ``metered=False`` for copies an adapter makes of messages already
+        counted (MQTT routing another protocol's records into its session queues)."""
         namespace = self._check_queues(caller, (q for r in requests for q in r.queues))
         results = await self._storage.append(requests)
+        if not metered:
+            return results
         messages = nbytes = 0
-        for request in requests:
+        for request, result in zip(requests, results, strict=True):
+            if result.duplicate:
+                continue
             count, size = _entry_size(request.entry)
             messages += count
             nbytes += size
-        self._metering.record_in(namespace, caller.protocol, messages=messages, nbytes=nbytes)
+        if messages:
+            self._metering.record_in(namespace, caller.protocol, messages=messages, nbytes=nbytes)
         return results
 
     async def cancel_delayed(self, caller: Caller, message_id: str) -> bool:
@@ -259,7 +275,9 @@ class Processor:
         invisible_ms: int = 30_000,
         wait_ms: int = 0,
         tags: frozenset[str] | None = None,
+        durable: bool = True,
     ) -> list[StoredMessage]:
+        """``durable`` and cancellation: see :meth:`StorageAPI.pop`."""
         namespace = self._check_queues(caller, queues)
         messages = await self._storage.pop(
             namespace,
@@ -269,6 +287,7 @@ class Processor:
             invisible_ms=invisible_ms,
             wait_ms=wait_ms,
             tags=tags,
+            durable=durable,
         )
         self._record_out(namespace, caller, messages)
         return messages

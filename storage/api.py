@@ -73,7 +73,12 @@ class StorageAPI(Protocol):
 
     async def delete_topic(self, namespace: str, topic: str) -> None: ...
 
-    async def list_topics(self, namespace: str) -> list[TopicInfo]: ...
+    async def list_topics(
+        self, namespace: str, *, include_internal: bool = False
+    ) -> list[TopicInfo]:
+        """The namespace's topics, without ``TopicConfig.internal`` ones unless
+        ``include_internal``."""
+        ...
 
     async def describe_topic(self, namespace: str, topic: str) -> TopicInfo: ...
 
@@ -166,11 +171,21 @@ class StorageAPI(Protocol):
         invisible_ms: int = 30_000,
         wait_ms: int = 0,
         tags: frozenset[str] | None = None,
+        durable: bool = True,
     ) -> list[StoredMessage]:
         """Hand out up to ``max_messages`` visible messages, each invisible to the
         group for ``invisible_ms`` unless acked. Redeliveries come first. Messages
         whose tag is not in ``tags`` (when given) are consumed silently for this
-        group, as RocketMQ's tag filter does."""
+        group, as RocketMQ's tag filter does.
+
+        ``durable=False`` returns once the hand-outs are written, before they are
+        durable (they are with the next group commit): a crash of the machine may then
+        forget them, so a message comes back visible at once without this delivery
+        counted (for a consumer that acks at once anyway: AMQP no-ack).
+
+        A pop cancelled after it handed messages out (while it waits for their
+        durability) gives them back: visible again at once, the delivery not counted.
+        A caller may cancel a pop at any time without losing or delaying messages."""
         ...
 
     async def ack(self, namespace: str, group: str, receipt: str) -> None:

@@ -53,13 +53,17 @@ class TopicConfig:
     also hides older messages of this topic; ``UNLIMITED`` (-1, Kafka's convention)
     keeps every message until a consumer removes it with ``delete_records``, as an AMQP
     queue does: segments holding them are never deleted.
-    ``max_message_bytes`` bounds one message's body (and a batch entry's raw bytes)."""
+    ``max_message_bytes`` bounds one message's body (and a batch entry's raw bytes).
+    ``internal``: a topic a protocol keeps for its own bookkeeping (an MQTT session's
+    queue): ``list_topics`` leaves it out unless asked, so other protocols' listings
+    (Kafka metadata, RocketMQ, the admin API) show only what users created."""
 
     queue_count: int = 1
     message_type: MessageType = MessageType.NORMAL
     retention_ms: int | None = None
     retention_bytes: int | None = None
     max_message_bytes: int | None = None
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -469,53 +469,52 @@ class Channel:
             consumer.wakeup.set()
 
     async def pop(
-        self, refs: Sequence[QueueRef], max_messages: int, wait_ms: int
+        self, refs: Sequence[QueueRef], max_messages: int, wait_ms: int, *, durable: bool = True
     ) -> list[StoredMessage]:
-        """Pop highest priority first; a cancelled long poll gives back what it got."""
+        """Pop highest priority first. ``durable=False`` for no-ack deliveries (acked
+        right after they are sent): they need not wait for their hand-out's fsync.
+        Cancelling is safe: storage gives back what a cancelled pop took, uncounted."""
         processor, caller = self.conn.processor, self.conn.caller
         if len(refs) > 1:
             got: list[StoredMessage] = []
-            for ref in refs:
-                got += await processor.pop(
-                    caller,
-                    GROUP,
-                    [ref],
-                    max_messages=max_messages - len(got),
-                    invisible_ms=INVISIBLE_MS,
-                )
-                if len(got) >= max_messages:
-                    return got
+            try:
+                for ref in refs:
+                    got += await processor.pop(
+                        caller,
+                        GROUP,
+                        [ref],
+                        max_messages=max_messages - len(got),
+                        invisible_ms=INVISIBLE_MS,
+                        durable=durable,
+                    )
+                    if len(got) >= max_messages:
+                        return got
+            except asyncio.CancelledError:
+                self._give_back(got)  # taken from higher priorities before the cancel
+                raise
             if got:
                 return got
             max_messages = 1  # a long poll over every level takes whichever comes first
-        poll = asyncio.ensure_future(
-            processor.pop(
-                caller,
-                GROUP,
-                refs,
-                max_messages=max_messages,
-                invisible_ms=INVISIBLE_MS,
-                wait_ms=wait_ms,
-            )
+        return await processor.pop(
+            caller,
+            GROUP,
+            refs,
+            max_messages=max_messages,
+            invisible_ms=INVISIBLE_MS,
+            wait_ms=wait_ms,
+            durable=durable,
         )
-        try:
-            return await asyncio.shield(poll)
-        except asyncio.CancelledError:
-            poll.add_done_callback(self._give_back)
-            raise
 
-    def _give_back(self, poll: asyncio.Future[list[StoredMessage]]) -> None:
-        if poll.cancelled() or poll.exception() is not None:
-            return
+    def _give_back(self, popped: list[StoredMessage]) -> None:
         processor, caller = self.conn.processor, self.conn.caller
 
         async def nack_all() -> None:
-            for stored in poll.result():
+            for stored in popped:
                 if stored.receipt is not None:
                     with contextlib.suppress(StorageError):
                         await processor.nack(caller, GROUP, stored.receipt)
 
-        if poll.result():
+        if popped:
             self.conn.spawn(nack_all())
 
     @staticmethod
@@ -573,7 +572,7 @@ class Channel:
         queue.last_used = asyncio.get_running_loop().time()
         now = processor.clock.now_ms()
         while True:
-            popped = await self.pop(queue.refs(vhost.namespace), 1, 0)
+            popped = await self.pop(queue.refs(vhost.namespace), 1, 0, durable=not method.no_ack)
             if not popped:
                 self.send(commands.Basic.GetEmpty())
                 return

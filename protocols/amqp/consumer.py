@@ -115,7 +115,9 @@ class Consumer:
         channel = self.channel
         refs = self.queue.refs(channel.conn.namespace)
         if self.stream_offset is None:
-            return await channel.pop(refs, count, wait_ms)
+            # No-ack deliveries are acked right after they are sent: their hand-out
+            # need not be durable first.
+            return await channel.pop(refs, count, wait_ms, durable=not self.no_ack)
         # A stream queue: read on from an offset; nothing is removed.
         result = await channel.conn.processor.read(
             channel.conn.caller, refs[0], self.stream_offset, max_messages=count, wait_ms=wait_ms

@@ -27,7 +27,14 @@ from protocols.mqtt.mapping import published_qos, storage_topic
 from protocols.mqtt.topic_filter_index import TopicFilterIndex, filter_matches, split_shared
 from protocols.mqtt.topic_tail import TopicTail
 from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import AppendRequest, GroupConfig, Message, QueueRef, StoredMessage
+from storage.model import (
+    AppendRequest,
+    GroupConfig,
+    Message,
+    QueueRef,
+    StoredMessage,
+    TopicConfig,
+)
 
 __all__ = [
     "POP_GROUP",
@@ -47,6 +54,9 @@ POP_GROUP = "mqtt"  # the consumer group every session and shared queue is poppe
 _SESSION_KIND = "mqtt.session"
 _SESSION_PREFIX = "$mqtt.session."
 _SHARED_PREFIX = "$mqtt.share."
+_QUEUE_PREFIXES = (_SESSION_PREFIX, _SHARED_PREFIX)
+_INTERNAL_TOPIC = TopicConfig(internal=True)
+_PUBLIC_TOPIC = TopicConfig()
 _NEVER_EXPIRES = 0xFFFFFFFF
 _DISCOVER_S = 2.0  # how often wildcard filters look for new storage topics
 
@@ -446,7 +456,7 @@ class Broker:
         or an older version) are deleted when the broker loads."""
         used = {group.queue.topic for group in self.shared.values()}
         try:
-            for info in await self.processor.list_topics(self.caller):
+            for info in await self.processor.list_topics(self.caller, include_internal=True):
                 if info.name.startswith(_SHARED_PREFIX) and info.name not in used:
                     with contextlib.suppress(TopicNotFound):
                         await self.processor.delete_topic(self.caller, info.name)
@@ -538,8 +548,8 @@ class Broker:
             self._route(item, queues, memory, woken)
             if queues:
                 requests.append(AppendRequest(entry=message, queues=tuple(queues)))
-        if requests:
-            await self.processor.append(self.caller, requests)
+        if requests:  # copies of what its producer was metered for already
+            await self.processor.append(self.caller, requests, metered=False)
         if live:
             for owner, delivery in memory:
                 owner.deliver(delivery)
@@ -589,11 +599,14 @@ class Broker:
     # -- publishing ----------------------------------------------------------------
 
     async def ensure_topic(self, topic: str) -> None:
-        """Create a storage topic on first use; ``InvalidName`` if none can be named so."""
+        """Create a storage topic on first use; ``InvalidName`` if none can be named so.
+        Session and shared-group queues are internal: other protocols' topic listings
+        leave them out."""
         if topic in self._topics:
             return
+        config = _INTERNAL_TOPIC if topic.startswith(_QUEUE_PREFIXES) else _PUBLIC_TOPIC
         with contextlib.suppress(TopicAlreadyExists):
-            await self.processor.create_topic(self.caller, topic)
+            await self.processor.create_topic(self.caller, topic, config)
         self._topics.add(topic)
 
     async def publish(self, items: list[Outgoing]) -> None:

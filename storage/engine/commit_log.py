@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import functools
 import logging
 import mmap
 import os
@@ -75,6 +76,8 @@ class CommitLog:
         self._bases: list[int] = []
         self._reserved_end = 0  # next position to hand out
         self._durable_end = 0  # what callers were told is safe
+        self._written_end = 0  # written to the file (page cache), maybe not yet fsynced
+        self._written_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._pending: list[tuple[_Segment, bytes, Callable[[], None] | None]] = []
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
@@ -153,7 +156,7 @@ class CommitLog:
             index += 1
         if not self._segments:
             self._create_segment(good_end)
-        self._reserved_end = self._durable_end = good_end
+        self._reserved_end = self._durable_end = self._written_end = good_end
 
     def _segment_index(self, position: int) -> int:
         return max(0, bisect.bisect_right(self._bases, position) - 1)
@@ -233,6 +236,28 @@ class CommitLog:
         self._waiters.append((target, future))
         await future
 
+    async def wait_written(self, end: int | None = None) -> None:
+        """Wait until everything reserved before ``end`` (default: now) is written to
+        its file: it survives a crash of the process, and of the machine only once
+        durable (with the group commit that follows). Without fsync (``async``
+        durability) written and durable are the same."""
+        target = self._reserved_end if end is None else end
+        if self._durability is not Durability.SYNC:
+            await self.wait_durable(target)
+            return
+        if self._written_end >= target or self._durable_end >= target:
+            return
+        if self._failed is not None:
+            raise StorageFailed(f"commit log stopped after a write error: {self._failed}")
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._written_waiters.append((target, future))
+        await future
+
+    def _mark_written(self, end: int) -> None:
+        """Called on the loop from the flusher's thread between write and fsync."""
+        self._written_end = max(self._written_end, end)
+        self._written_waiters = _wake(self._written_waiters, self._written_end)
+
     async def _flush_loop(self) -> None:
         loop = asyncio.get_running_loop()
         sync = self._durability is Durability.SYNC
@@ -243,10 +268,16 @@ class CommitLog:
                 batch, self._pending = self._pending, []
                 end = self._reserved_end
                 new_dir_entry, self._dir_dirty = self._dir_dirty, False
+                # Waiters for the write alone are told between write and fsync.
+                written = (
+                    functools.partial(loop.call_soon_threadsafe, self._mark_written, end)
+                    if self._written_waiters
+                    else None
+                )
                 try:
                     if sync:
                         await loop.run_in_executor(
-                            self._executor, self._write, batch, True, new_dir_entry
+                            self._executor, self._write, batch, True, new_dir_entry, written
                         )
                     else:
                         self._write(batch, False, new_dir_entry)
@@ -262,12 +293,15 @@ class CommitLog:
                             log.exception("commit log: a durability callback failed")
                 self._durable_end = end
                 self._wake_waiters()
+                if self._written_waiters:
+                    self._mark_written(end)
 
     def _write(
         self,
         batch: list[tuple[_Segment, bytes, Callable[[], None] | None]],
         fsync: bool,
         new_dir_entry: bool,
+        written: Callable[[], object] | None = None,
     ) -> None:
         touched: list[_Segment] = []
         chunks: list[bytes] = []
@@ -282,6 +316,8 @@ class CommitLog:
         if current is not None:
             self._write_chunks(current, chunks)
             touched.append(current)
+        if written is not None:
+            written()
         if fsync:
             for segment in touched:
                 os.fdatasync(segment.fd)
@@ -330,22 +366,16 @@ class CommitLog:
         )
 
     def _wake_waiters(self) -> None:
-        remaining = []
-        for target, future in self._waiters:
-            if target <= self._durable_end:
-                if not future.done():
-                    future.set_result(None)
-            else:
-                remaining.append((target, future))
-        self._waiters = remaining
+        self._waiters = _wake(self._waiters, self._durable_end)
 
     def _fail(self, exc: BaseException) -> None:
         self._failed = exc
         error = StorageFailed(f"commit log write failed: {exc!r}")
-        for _, future in self._waiters:
+        for _, future in (*self._waiters, *self._written_waiters):
             if not future.done():
                 future.set_exception(error)
         self._waiters = []
+        self._written_waiters = []
 
     # -- reading ------------------------------------------------------------------
 
@@ -424,6 +454,20 @@ class CommitLog:
             os.close(segment.fd)
         self._segments.clear()
         self._bases.clear()
+
+
+def _wake(
+    waiters: list[tuple[int, asyncio.Future[None]]], reached: int
+) -> list[tuple[int, asyncio.Future[None]]]:
+    """Resolve the waiters whose target position is reached; return the others."""
+    remaining = []
+    for target, future in waiters:
+        if target <= reached:
+            if not future.done():
+                future.set_result(None)
+        else:
+            remaining.append((target, future))
+    return remaining
 
 
 def _frame_at(buf: memoryview, local: int, limit: int) -> memoryview | None:

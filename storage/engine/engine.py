@@ -101,6 +101,8 @@ _YIELD_EVERY = 256  # read_batches entries decoded between two yields to the eve
 _DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
 _MAX_QUEUES = 65_536
 _DLQ_PREFIX = "%DLQ%"
+# What undoes one hand-out of a pop: topic, queue id, offset, its seq, the state before.
+_HandOut = tuple[Topic, int, int, int, Inflight | None]
 # Metadata values are nested inside the checkpoint's JSON: a bound keeps every value
 # readable back by a JSON parser with a recursion limit.
 _MAX_META_DEPTH = 64
@@ -129,6 +131,7 @@ class Engine:
         self._maintenance_lock = asyncio.Lock()
         self._checkpoint_position = 0
         self._tasks: list[asyncio.Task[None]] = []
+        self._background: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
 
@@ -173,6 +176,11 @@ class Engine:
             )
             replayed += 1
         self._reconcile_indexes()
+        # Hand-outs of a pop with durable=False may be lost by a crash, their receipts
+        # still held by clients: new hand-outs must never reuse their seqs. Starting
+        # above the clock's milliseconds times 65,536 does that (a node would have to
+        # hand out more than 65,536 messages per millisecond of its uptime to reach it).
+        self._state.pop_seq = max(self._state.pop_seq, self._now() << 16)
         self._checkpoint_position = position
         log.info(
             "storage: opened %s at log position %d (%d records replayed)",
@@ -195,7 +203,7 @@ class Engine:
         if self._closed or not self._started:
             self._closed = True
             return
-        for task in self._tasks:
+        for task in (*self._tasks, *self._background):
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
@@ -382,13 +390,15 @@ class Engine:
         current = self._state.topic(namespace, topic)
         await self._log.wait_durable(self._meta(op="topic_delete", id=current.id))
 
-    async def list_topics(self, namespace: str) -> list[TopicInfo]:
+    async def list_topics(
+        self, namespace: str, *, include_internal: bool = False
+    ) -> list[TopicInfo]:
         self._check_open()
         self._state.namespace(namespace)
         return [
             self._state.topic_info(t)
             for (ns, _), t in sorted(self._state.topics.items())
-            if ns == namespace
+            if ns == namespace and (include_internal or not t.config.internal)
         ]
 
     async def describe_topic(self, namespace: str, topic: str) -> TopicInfo:
@@ -938,6 +948,7 @@ class Engine:
         invisible_ms: int = 30_000,
         wait_ms: int = 0,
         tags: frozenset[str] | None = None,
+        durable: bool = True,
     ) -> list[StoredMessage]:
         check_name("group", group)
         if max_messages < 1:
@@ -952,15 +963,62 @@ class Engine:
             targets = [(ref, *self._state.queue(ref)) for ref in queues]
             for ref, _, _ in targets:
                 self._queue_key(namespace, ref)
-            popped, end = self._pop_now(namespace, group, targets, max_messages, invisible_ms, tags)
+            handed: list[_HandOut] = []
+            popped, end = self._pop_now(
+                namespace, group, targets, max_messages, invisible_ms, tags, handed
+            )
             if popped or self._now() >= deadline:
                 if end is not None:
-                    await self._log.wait_durable(end)
+                    try:
+                        if durable:
+                            await self._log.wait_durable(end)
+                        else:
+                            await self._log.wait_written(end)
+                    except asyncio.CancelledError:
+                        with contextlib.suppress(StorageError):  # a failed log: moot
+                            self._give_back(namespace, group, handed)
+                        raise
                 return popped
             if end is not None:
                 await self._log.wait_durable(end)  # consumed silently: filtered or expired
             wake_at = self._next_redelivery(namespace, group, targets)
             await self._wait_for_data([q for _, _, q in targets], deadline, wake_at)
+
+    def _give_back(self, namespace: str, group: str, handed: list[_HandOut]) -> None:
+        """A pop cancelled after it handed messages out (while it waited for their
+        hand-out records): nobody got them, so they are visible again at once, with
+        their attempt as before, instead of staying invisible for ``invisible_ms``."""
+        if not handed or self._closed:
+            return
+        if not self._gate.is_set():
+            # A checkpoint holds writers (or storage closes): no record may be reserved
+            # now. Give back as soon as the gate opens, unless storage is gone.
+            async def later() -> None:
+                with contextlib.suppress(StorageError):
+                    await self._writable()
+                    self._give_back(namespace, group, handed)
+
+            task = asyncio.get_running_loop().create_task(later(), name="polymq-give-back")
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            return
+        now = self._now()
+        woken: set[QueueIndex] = set()
+        for topic, queue_id, offset, seq, previous in handed:
+            if self._state.topics_by_id.get(topic.id) is not topic:
+                continue  # deleted since
+            cursor = self._state.cursors.get((namespace, group), {}).get((topic.id, queue_id))
+            state = cursor.inflight.get(offset) if cursor is not None else None
+            if state is None or state.seq != seq:
+                continue  # acked or handed out again since (invisible_ms 0)
+            # Due now, with the attempt it had: the next pop counts this one again.
+            attempt = previous.attempt if previous is not None else 0
+            first_pop = previous.first_pop_ms if previous is not None else state.first_pop_ms
+            restored = Inflight(now, attempt, self._state.pop_seq + 1, first_pop)
+            self._hand_out_now(group, topic.id, queue_id, offset, restored)
+            woken.add(topic.queues[queue_id])
+        for queue in woken:
+            queue.wake()
 
     def _next_redelivery(
         self, namespace: str, group: str, targets: list[tuple[QueueRef, Topic, QueueIndex]]
@@ -983,7 +1041,10 @@ class Engine:
         max_messages: int,
         invisible_ms: int,
         tags: frozenset[str] | None,
+        handed: list[_HandOut],
     ) -> tuple[list[StoredMessage], int | None]:
+        """Hand out what is visible; ``handed`` gets what :meth:`_give_back` needs to
+        undo each hand-out."""
         config = self._state.group_configs.get((namespace, group), GroupConfig())
         tag_hashes = None if tags is None or "*" in tags else {text_hash(t) for t in tags}
         now = self._now()
@@ -1016,6 +1077,7 @@ class Engine:
                 first_pop = previous.first_pop_ms if previous else now
                 state = Inflight(now + invisible_ms, attempt, self._state.pop_seq + 1, first_pop)
                 self._hand_out_now(group, topic.id, ref.queue_id, offset, state)
+                handed.append((topic, ref.queue_id, offset, state.seq, previous))
                 popped.append(
                     StoredMessage(
                         message=message,

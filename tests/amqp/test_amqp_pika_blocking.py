@@ -10,7 +10,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, UnroutableError
 
-from tests.amqp.conftest import channel_closed, connect, drain, unique
+from tests.amqp.conftest import channel_closed, connect, drain, unique, wait_for
 from tests.live_server import LiveServer
 
 
@@ -380,3 +380,43 @@ def test_publishes_before_close_are_kept(server: LiveServer) -> None:
     # No confirms: the close came right behind the publishes, and none is lost.
     with connect(server) as conn:
         assert conn.channel().queue_declare(queue, passive=True).method.message_count == 300
+
+
+def _waiting_pops(server: LiveServer, queue: str) -> int:
+    """Long polls open in storage on the queue's topic."""
+    state = server.gateway.storage._state  # type: ignore[attr-defined]
+
+    async def count() -> int:
+        return sum(
+            len(index.waiters or ())
+            for (_, name), topic in list(state.topics.items())
+            if queue in name
+            for index in topic.queues
+        )
+
+    return int(server.call(count))
+
+
+def test_a_cancelled_consumer_takes_nothing(server: LiveServer) -> None:
+    """Cancelling a consumer ends its long poll in storage: a message published next is
+    a first delivery for whoever asks, not one taken and given back (redelivered)."""
+    queue = unique("cancelpoll")
+    with connect(server) as conn:
+        ch = conn.channel()
+        ch.queue_declare(queue)
+        tag = ch.basic_consume(queue, lambda *a: None)
+        wait_for(lambda: _waiting_pops(server, queue) > 0)
+        ch.basic_cancel(tag)
+        assert _waiting_pops(server, queue) == 0
+        ch.basic_publish("", queue, b"fresh")
+        got: list[tuple[pika.spec.Basic.GetOk, bytes]] = []
+
+        def get() -> bool:
+            method, _, body = ch.basic_get(queue)
+            if method is not None:
+                got.append((method, body))
+            return bool(got)
+
+        wait_for(get)
+        [(method, body)] = got
+        assert body == b"fresh" and not method.redelivered

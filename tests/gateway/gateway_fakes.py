@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from gateway.listeners import ListenerContext, TcpListener
@@ -36,6 +37,8 @@ class MemoryStorage:
         self.topics: dict[tuple[str, str], TopicConfig] = {}
         self.queues: dict[QueueRef, list[StoredMessage]] = {}
         self._ids = itertools.count(1)
+        self.dedup: dict[tuple[str, str], AppendResult] = {}
+        self.pop_durable: bool | None = None
 
     def __getattr__(self, name: str) -> Callable[..., Awaitable[Any]]:
         # Any other StorageAPI method: fails the test if it is actually called.
@@ -69,16 +72,22 @@ class MemoryStorage:
         self.topics[(namespace, topic)] = config
         return TopicInfo(namespace=namespace, name=topic, config=config)
 
-    async def list_topics(self, namespace: str) -> list[TopicInfo]:
+    async def list_topics(
+        self, namespace: str, *, include_internal: bool = False
+    ) -> list[TopicInfo]:
         return [
             TopicInfo(namespace=ns, name=name, config=config)
             for (ns, name), config in sorted(self.topics.items())
-            if ns == namespace
+            if ns == namespace and (include_internal or not config.internal)
         ]
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         results = []
         for request in requests:
+            key = (request.queues[0].namespace, request.dedup_key or "")
+            if request.dedup_key is not None and key in self.dedup:
+                results.append(replace(self.dedup[key], duplicate=True))
+                continue
             entry = request.entry
             messages = entry.messages if isinstance(entry, BatchEntry) else (entry,)
             message_id = f"m{next(self._ids)}"
@@ -95,6 +104,8 @@ class MemoryStorage:
                     message_id=message_id, store_timestamp_ms=0, placements=tuple(placements)
                 )
             )
+            if request.dedup_key is not None:
+                self.dedup[key] = results[-1]
         return results
 
     async def read(
@@ -124,7 +135,9 @@ class MemoryStorage:
         invisible_ms: int = 30_000,
         wait_ms: int = 0,
         tags: frozenset[str] | None = None,
+        durable: bool = True,
     ) -> list[StoredMessage]:
+        self.pop_durable = durable
         popped: list[StoredMessage] = []
         for queue in queues:
             log = self.queues.get(queue, [])

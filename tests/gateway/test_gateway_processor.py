@@ -12,7 +12,7 @@ from gateway.processor import Caller, Processor
 from storage import batch_formats
 from storage.api import StorageAPI
 from storage.clock import ManualClock
-from storage.model import AppendRequest, BatchEntry, Message, QueueRef
+from storage.model import AppendRequest, BatchEntry, Message, QueueRef, TopicConfig
 from tests.gateway.gateway_fakes import MemoryStorage
 
 ACCOUNTS = AuthConfig(
@@ -88,6 +88,41 @@ async def test_a_batch_stored_raw_is_metered_by_its_record_count(setup: Setup) -
     )
     [usage] = setup.metering.snapshot()
     assert (usage.messages_in, usage.bytes_in) == (3, 4)
+
+
+async def test_deduplicated_retries_are_not_metered_again(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    first = AppendRequest(
+        entry=Message(body=b"once"), queues=(QueueRef("alice", "t"),), dedup_key="k"
+    )
+    [stored] = await setup.processor.append(alice, [first])
+    [retry, other] = await setup.processor.append(alice, [first, request("alice", b"new")])
+    assert not stored.duplicate and retry.duplicate and not other.duplicate
+    [usage] = setup.metering.snapshot()
+    assert (usage.messages_in, usage.bytes_in) == (2, 7)  # "once" and "new", not the retry
+
+
+async def test_unmetered_appends_are_stored_but_not_counted(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    await setup.processor.append(alice, [request("alice")], metered=False)
+    assert setup.metering.snapshot() == []
+    result = await setup.processor.read(alice, QueueRef("alice", "t"), 0, metered=False)
+    assert [m.message.body for m in result.messages] == [b"hello"]
+    await setup.processor.append(alice, [request("alice")])
+    [usage] = setup.metering.snapshot()
+    assert (usage.messages_in, usage.bytes_in) == (1, 5)
+
+
+async def test_internal_topics_and_pop_durability_pass_through(setup: Setup) -> None:
+    alice = setup.caller("alice", "alice")
+    await setup.processor.create_topic(alice, "$queue", TopicConfig(internal=True))
+    assert [t.name for t in await setup.processor.list_topics(alice)] == ["t"]
+    listed = await setup.processor.list_topics(alice, include_internal=True)
+    assert [t.name for t in listed] == ["$queue", "t"]
+    await setup.processor.pop(alice, "g", [QueueRef("alice", "t")], durable=False)
+    assert setup.storage.pop_durable is False
+    await setup.processor.pop(alice, "g", [QueueRef("alice", "t")])
+    assert setup.storage.pop_durable is True
 
 
 async def test_another_namespace_is_denied(setup: Setup) -> None:

@@ -25,9 +25,13 @@ _ROOT = Path(__file__).resolve().parents[2]
 def _server(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
     """A gateway in its own process, killed with SIGKILL when the block ends: no
     clean stop, no session saved on the way out."""
-    command = [sys.executable, "-m", "bench.mqtt", "--serve", str(port)]
-    command += ["--data-dir", str(data_dir)]
-    proc = subprocess.Popen(command, cwd=_ROOT, stderr=subprocess.DEVNULL)
+    command = [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())"]
+    command += ["run", "--data-dir", str(data_dir), "--mqtt-port", str(port)]
+    command += ["--log-level", "warning"]
+    env = dict(os.environ)
+    for name in ("kafka", "amqp", "mqtt_ws", "rocketmq", "http"):
+        env[f"POLYMQ_LISTENERS__{name.upper()}__ENABLED"] = "false"
+    proc = subprocess.Popen(command, cwd=_ROOT, env=env, stderr=subprocess.DEVNULL)
     try:
         wait_until(lambda: _listening(port, proc), TIMEOUT * 2, "the server to listen")
         yield proc

@@ -127,6 +127,19 @@ def test_the_tail_does_not_meter_what_it_reads(tmp_path: Path) -> None:
         assert _mqtt_out(server) == 2
 
 
+def test_copies_routed_into_session_queues_are_not_metered_as_mqtt_in(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        _kafka_topic(server, "billing")
+        port = server.port("mqtt")
+        keeper = Paho(port, client_id="keeper", clean=False).connect()
+        keeper.subscribe("billing", qos=1)  # its session queue gets a copy of each record
+        _kafka_append(server, "billing", b"foreign")
+        assert [m.payload for m in keeper.wait_messages(1)] == [b"foreign"]
+        usage = server.gateway.metering.snapshot()
+        messages_in = {u.protocol: u.messages_in for u in usage if u.messages_in}
+        assert messages_in == {"kafka": 1}  # the producer's, not the copy's
+
+
 def test_foreign_messages_reach_filters_starting_with_a_wildcard(tmp_path: Path) -> None:
     with mqtt_server(tmp_path) as server:
         port = server.port("mqtt")

@@ -209,7 +209,7 @@ def test_packets_pipelined_behind_connect(tmp_path: Path) -> None:
 
 def _shared_queues(server: LiveServer) -> set[str]:
     storage = server.gateway.storage
-    topics = server.call(lambda: storage.list_topics(DEFAULT_NAMESPACE))
+    topics = server.call(lambda: storage.list_topics(DEFAULT_NAMESPACE, include_internal=True))
     return {t.name for t in topics if t.name.startswith("$mqtt.share.")}
 
 
@@ -257,3 +257,23 @@ def test_unused_shared_queues_are_deleted_on_load(tmp_path: Path) -> None:
     with mqtt_server(tmp_path) as server:
         Paho(server.port("mqtt")).connect()  # loads the namespace's broker
         assert _shared_queues(server) == {"$mqtt.share.kept/jobs"}
+
+
+def test_session_and_shared_queues_are_internal_topics(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        keeper = Paho(port, client_id="keeper", clean=False).connect()
+        keeper.subscribe("$share/g/jobs", qos=1)
+        keeper.publish("jobs", b"x", qos=1)
+        storage = server.gateway.storage
+
+        def names(include_internal: bool) -> set[str]:
+            topics = server.call(
+                lambda: storage.list_topics(DEFAULT_NAMESPACE, include_internal=include_internal)
+            )
+            return {t.name for t in topics}
+
+        queues = {"$mqtt.share.g/jobs", *(n for n in names(True) if n.startswith("$mqtt.session."))}
+        assert len(queues) == 2  # the shared group's queue and keeper's session queue
+        assert names(True) >= queues | {"jobs"}
+        assert "jobs" in names(False) and not names(False) & queues

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import shutil
+import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -56,6 +60,44 @@ async def test_topic_lifecycle(storage: Engine) -> None:
     assert await storage.list_topics(NS) == []
     with pytest.raises(errors.TopicNotFound):
         await storage.describe_topic(NS, "orders")
+
+
+async def test_internal_topics_are_listed_only_on_request(storage: Engine) -> None:
+    await storage.create_topic(NS, "orders")
+    await storage.create_topic(NS, "$session", TopicConfig(internal=True))
+    assert [t.name for t in await storage.list_topics(NS)] == ["orders"]
+    listed = await storage.list_topics(NS, include_internal=True)
+    assert [(t.name, t.config.internal) for t in listed] == [("$session", True), ("orders", False)]
+    assert (await storage.describe_topic(NS, "$session")).config.internal
+
+
+async def test_internal_flag_survives_replay_and_checkpoint(
+    make_engine: EngineFactory, engine_config: EngineConfig, tmp_path: Path
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "hidden", TopicConfig(internal=True))
+        await storage.create_topic(NS, "shown")
+        # The files as a crash leaves them: the topics are only in the log.
+        shutil.copytree(engine_config.data_dir, tmp_path / "crashed")
+    for data_dir in (tmp_path / "crashed", engine_config.data_dir):  # replayed; checkpointed
+        async with make_engine(data_dir=data_dir) as storage:
+            assert [t.name for t in await storage.list_topics(NS)] == ["shown"]
+            assert (await storage.describe_topic(NS, "hidden")).config.internal
+
+
+async def test_topics_stored_before_the_internal_flag_read_as_public(
+    make_engine: EngineFactory, engine_config: EngineConfig
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "old", TopicConfig(internal=True))
+    [topics_file] = Path(engine_config.data_dir).glob("topics-*.jsonl")
+    rows = [json.loads(line) for line in topics_file.read_text().splitlines()]
+    for row in rows:
+        del row[3]["internal"]  # as written by a version without the field
+    topics_file.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    async with make_engine() as storage:
+        [info] = await storage.list_topics(NS)
+        assert info.name == "old" and info.config == TopicConfig()
 
 
 async def test_names_with_spaces_dots_and_unicode_are_valid(storage: Engine) -> None:
@@ -418,6 +460,147 @@ async def test_pop_long_poll_wakes_when_a_fifo_ack_releases_the_next(storage: En
     await storage.ack(NS, "g", a1.receipt or "")
     [a2] = await asyncio.wait_for(popper, 10)
     assert a2.message.body == b"a2"
+
+
+class HeldFsync:
+    """Holds every fdatasync of the commit log until released: what a pop returns
+    while its hand-out record waits for the disk."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.released = threading.Event()
+        real = os.fdatasync
+
+        def held(fd: int) -> None:
+            self.released.wait(60)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", held)
+
+    def release(self) -> None:
+        self.released.set()
+
+
+async def wait_for(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    for _ in range(2000):
+        if await condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_pop_without_durable_returns_once_its_hand_out_is_written(
+    make_engine: EngineFactory,
+    engine_config: EngineConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        await put(storage, b"a", b"b")
+        fsync = HeldFsync(monkeypatch)
+        [m] = await asyncio.wait_for(
+            storage.pop(NS, "g", [q()], invisible_ms=60_000, durable=False), 30
+        )
+        assert (m.offset, m.delivery_attempt) == (0, 1)
+        # Written, not yet durable: what a crash of the process leaves keeps it.
+        shutil.copytree(engine_config.data_dir, tmp_path / "crashed")
+        durable = asyncio.create_task(storage.pop(NS, "g", [q()], invisible_ms=60_000))
+        await wait_for(lambda: inflight(storage, 2), "the second hand-out")
+        assert not durable.done()  # a durable pop waits for the fsync
+        fsync.release()
+        [second] = await asyncio.wait_for(durable, 30)
+        assert second.offset == 1
+    async with make_engine(data_dir=tmp_path / "crashed") as storage:
+        assert await storage.inflight_count(NS, "g", q()) == 1
+        [after] = await storage.pop(NS, "g", [q()])
+        assert after.offset == 1  # offset 0 is still handed out
+
+
+async def test_hand_outs_lost_by_a_crash_never_share_a_receipt_with_later_ones(
+    make_engine: EngineFactory, engine_config: EngineConfig, tmp_path: Path, clock: ManualClock
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        await put(storage, b"a")
+        await storage.checkpoint()
+        shutil.copytree(engine_config.data_dir, tmp_path / "lost")  # before the hand-out
+        [m] = await storage.pop(NS, "g", [q()], durable=False)
+    clock.advance(1)  # a restart takes at least a millisecond
+    async with make_engine(data_dir=tmp_path / "lost") as storage:
+        [again] = await storage.pop(NS, "g", [q()])
+        assert again.offset == m.offset and again.receipt != m.receipt
+        with pytest.raises(errors.InvalidReceipt):
+            await storage.ack(NS, "g", m.receipt or "")
+
+
+async def inflight(storage: Engine, count: int) -> bool:
+    return await storage.inflight_count(NS, "g", q()) == count
+
+
+@pytest.mark.parametrize("delivered_before", [0, 1])
+async def test_a_pop_cancelled_while_waiting_for_durability_gives_its_messages_back(
+    make_engine: EngineFactory,
+    engine_config: EngineConfig,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    delivered_before: int,
+) -> None:
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        await put(storage, b"a")
+        if delivered_before:
+            [m] = await storage.pop(NS, "g", [q()])
+            await storage.nack(NS, "g", m.receipt or "")
+        fsync = HeldFsync(monkeypatch)
+        popper = asyncio.create_task(storage.pop(NS, "g", [q()], invisible_ms=60_000))
+        await wait_for(lambda: next_visible_later(storage), "the hand-out")
+        popper.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await popper
+        fsync.release()
+        # Visible again at once, and this delivery is not counted.
+        [again] = await storage.pop(NS, "g", [q()], invisible_ms=0)
+        assert (again.offset, again.delivery_attempt) == (0, delivered_before + 1)
+        await storage.checkpoint()
+        await storage.nack(NS, "g", again.receipt or "")  # the next pop counts again
+        shutil.copytree(engine_config.data_dir, tmp_path / "crashed")  # replays the log
+    async with make_engine(data_dir=tmp_path / "crashed") as storage:
+        [after] = await storage.pop(NS, "g", [q()])
+        assert after.delivery_attempt == delivered_before + 2
+
+
+async def test_a_pop_cancelled_while_a_checkpoint_holds_writers_gives_back_after_it(
+    storage: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await storage.create_topic(NS, "t")
+    await put(storage, b"a")
+    fsync = HeldFsync(monkeypatch)
+    popper = asyncio.create_task(storage.pop(NS, "g", [q()], invisible_ms=60_000))
+    await wait_for(lambda: next_visible_later(storage), "the hand-out")
+    checkpoint = asyncio.create_task(storage.checkpoint())  # closes the gate, waits
+    await wait_for(lambda: gate_closed(storage), "the checkpoint's gate")
+    popper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await popper
+    assert await next_visible_later(storage)  # no record while writers are held
+    fsync.release()
+    await asyncio.wait_for(checkpoint, 30)
+    [again] = await asyncio.wait_for(storage.pop(NS, "g", [q()], wait_ms=30_000), 30)
+    assert (again.offset, again.delivery_attempt) == (0, 1)
+
+
+async def gate_closed(storage: Engine) -> bool:
+    return not storage._gate.is_set()
+
+
+async def next_visible_later(storage: Engine) -> bool:
+    """The message is handed out for 60 s (by the pop under test)."""
+    cursor = storage._state.cursors.get((NS, "g"), {})
+    return any(
+        state.deadline_ms > storage.clock.now_ms()
+        for c in cursor.values()
+        for state in c.inflight.values()
+    )
 
 
 @pytest.mark.parametrize("release", ["nack", "change_invisibility", "ack_many", "dead_letter"])
