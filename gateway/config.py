@@ -142,6 +142,9 @@ class KafkaConfig:
     # Kafka's auto.create.topics.enable / num.partitions.
     auto_create_topics: bool = True
     default_partitions: int = 1
+    # group.initial.rebalance.delay.ms: the first rebalance of an empty group waits
+    # this long for more members. Kafka ships 3000; 0 lets a lone consumer start at once.
+    group_initial_rebalance_delay_ms: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import struct
+import time
 
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
@@ -35,6 +37,9 @@ from protocols.kafka.session import Broker, Session, anonymous_caller, caller_fo
 __all__ = ["serve_connection"]
 
 log = logging.getLogger(__name__)
+# Per connection: each request's api key, version, correlation id, arrival and answer
+# time (DEBUG), to diagnose client stalls from the server's side.
+trace = logging.getLogger(__name__ + ".trace")
 
 # Before SASL completes, a connection may do nothing in storage.
 _NOBODY = Principal(name="", namespaces=frozenset(), default_namespace="default")
@@ -75,12 +80,30 @@ async def serve_connection(
             frame = await reader.readexactly(size)
         except asyncio.IncompleteReadError:
             return
+        started = time.monotonic()
         response = await _answer(session, frame)
+        if trace.isEnabledFor(logging.DEBUG):
+            _trace(session, frame, started, response)
         if response is not None:
             writer.write(response)
             await writer.drain()
         if session.closing:
             return
+
+
+def _trace(session: Session, frame: bytes, started: float, response: bytes | None) -> None:
+    api_key, version, correlation = struct.unpack_from(">hhi", frame)
+    answered = None if response is None else struct.unpack_from(">i", response, 4)[0]
+    trace.debug(
+        "conn=%s api=%d v%d corr=%d at=%.3f took=%.3fs answered_corr=%s",
+        session.connection_id,
+        api_key,
+        version,
+        correlation,
+        started,
+        time.monotonic() - started,
+        answered,
+    )
 
 
 async def _answer(session: Session, frame: bytes) -> bytes | None:

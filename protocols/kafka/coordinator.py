@@ -104,12 +104,22 @@ class _Group:
     leader: str = ""
     members: dict[str, _Member] = field(default_factory=dict)
     timer: asyncio.TimerHandle | None = None
+    # Kafka's InitialDelayedJoin: a first rebalance completes no sooner than this.
+    join_not_before: float = 0.0
+    delay_timer: asyncio.TimerHandle | None = None
 
 
 class GroupCoordinator:
-    def __init__(self) -> None:
+    """``initial_rebalance_delay_ms`` is Kafka's ``group.initial.rebalance.delay.ms``
+    (3000 there): an empty group's first rebalance waits that long, and as long again
+    for each member that joins meanwhile (up to the rebalance timeout), so members
+    starting together form one generation instead of one per joiner. 0 (the default
+    here) completes as soon as everyone known has joined."""
+
+    def __init__(self, *, initial_rebalance_delay_ms: int = 0) -> None:
         self._groups: dict[tuple[str, str], _Group] = {}
         self._sweeper: asyncio.Task[None] | None = None
+        self._initial_delay_s = initial_rebalance_delay_ms / 1000
 
     async def close(self) -> None:
         if self._sweeper is not None:
@@ -118,8 +128,9 @@ class GroupCoordinator:
                 await self._sweeper
             self._sweeper = None
         for group in self._groups.values():
-            if group.timer is not None:
-                group.timer.cancel()
+            for timer in (group.timer, group.delay_timer):
+                if timer is not None:
+                    timer.cancel()
             for member in group.members.values():
                 _cancel(member)
 
@@ -169,6 +180,9 @@ class GroupCoordinator:
             )
             group.members[member.member_id] = member
         else:
+            current = self._unchanged_rejoin(group, member, protocols, now)
+            if current is not None:
+                return current
             member.protocols = protocols
             member.last_seen = now
             if member.join is not None and not member.join.done():
@@ -177,6 +191,7 @@ class GroupCoordinator:
         future: asyncio.Future[JoinResult] = asyncio.get_running_loop().create_future()
         member.join = future
         self._prepare_rebalance(group)
+        self._extend_initial_delay(group, member)
         self._maybe_complete_join(group)
         try:
             return await asyncio.wait_for(asyncio.shield(future), member.rebalance_timeout_s + 5)
@@ -341,9 +356,42 @@ class GroupCoordinator:
             member_id=old.member_id,
         )
 
+    def _unchanged_rejoin(
+        self, group: _Group, member: _Member, protocols: list[tuple[str, bytes]], now: float
+    ) -> JoinResult | None:
+        """A known member joining again with the very protocols it has, while the
+        generation it can sync is current: Kafka (GroupCoordinator.doCurrentMemberJoinGroup)
+        answers with that generation instead of rebalancing, for a follower of a stable
+        group and for anyone between join and sync (the leader gets the members again).
+        kafka-python 3.0 sends such a JoinGroup whenever a poll() timed out while its
+        join/sync was in flight; rebalancing on it made the group rebalance forever."""
+        if member.protocols != protocols or (member.join is not None and not member.join.done()):
+            return None
+        is_leader = member.member_id == group.leader
+        if group.state is GroupState.STABLE and is_leader:
+            return None
+        if group.state not in (GroupState.STABLE, GroupState.COMPLETING):
+            return None
+        member.last_seen = now
+        members: tuple[MemberView, ...] = ()
+        if is_leader:
+            members = tuple(_view(m, group.protocol_name) for m in group.members.values())
+        return JoinResult(
+            ErrorCode.none,
+            generation=group.generation,
+            protocol_type=group.protocol_type,
+            protocol_name=group.protocol_name,
+            leader=group.leader,
+            member_id=member.member_id,
+            members=members,
+        )
+
     def _prepare_rebalance(self, group: _Group) -> None:
         if group.state is GroupState.PREPARING:
             return
+        if group.state is GroupState.EMPTY and self._initial_delay_s > 0:
+            group.join_not_before = _now() + self._initial_delay_s
+            self._arm_delay(group)
         group.state = GroupState.PREPARING
         for member in group.members.values():
             if member.sync is not None and not member.sync.done():
@@ -353,7 +401,29 @@ class GroupCoordinator:
         loop = asyncio.get_running_loop()
         group.timer = loop.call_later(timeout, self._complete_join, group)
 
+    def _extend_initial_delay(self, group: _Group, member: _Member) -> None:
+        """A member joining during the initial delay extends it by the delay, never
+        past the rebalance timeout from when the group started forming."""
+        now = _now()
+        if group.join_not_before <= now or group.timer is None:
+            return
+        deadline = group.timer.when()
+        later = min(now + self._initial_delay_s, deadline)
+        if later > group.join_not_before and member.join is not None:
+            group.join_not_before = later
+            self._arm_delay(group)
+
+    def _arm_delay(self, group: _Group) -> None:
+        if group.delay_timer is not None:
+            group.delay_timer.cancel()
+        delay = max(0.0, group.join_not_before - _now())
+        group.delay_timer = asyncio.get_running_loop().call_later(
+            delay, self._maybe_complete_join, group
+        )
+
     def _maybe_complete_join(self, group: _Group) -> None:
+        if _now() < group.join_not_before:
+            return  # the initial delay's timer calls again
         if group.state is GroupState.PREPARING and all(
             m.join is not None and not m.join.done() for m in group.members.values()
         ):
@@ -362,9 +432,11 @@ class GroupCoordinator:
     def _complete_join(self, group: _Group) -> None:
         if group.state is not GroupState.PREPARING:
             return
-        if group.timer is not None:
-            group.timer.cancel()
-            group.timer = None
+        for timer in (group.timer, group.delay_timer):
+            if timer is not None:
+                timer.cancel()
+        group.timer = group.delay_timer = None
+        group.join_not_before = 0.0
         for member in list(group.members.values()):
             if member.join is None or member.join.done():
                 del group.members[member.member_id]  # did not rejoin in time

@@ -12,6 +12,7 @@ from gateway.connections import ConnectionRegistry
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller, Processor
 from protocols.kafka._state import AuthState
+from protocols.kafka.compaction import Compactor
 from protocols.kafka.consumer_groups import ConsumerGroups
 from protocols.kafka.coordinator import GroupCoordinator
 from protocols.kafka.producers import ProducerRegistry
@@ -38,7 +39,10 @@ class Broker:
         self.passwords: dict[str, str] = {
             a.user: a.password for a in context.config.auth.accounts if a.password is not None
         }
-        self.coordinator = GroupCoordinator()
+        self.coordinator = GroupCoordinator(
+            initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms
+        )
+        self.compactor = Compactor(self.processor)
         self.producers = ProducerRegistry()
         self.transactions = TransactionState()
         self.consumer_groups = ConsumerGroups()
@@ -47,6 +51,7 @@ class Broker:
 
     async def close(self) -> None:
         await self.coordinator.close()
+        await self.compactor.close()
 
 
 @dataclass(kw_only=True)

@@ -127,6 +127,167 @@ def test_kafka_python_group_commits_and_resumes(bootstrap: str, topic: str) -> N
     assert rest == [b"4", b"5"]
 
 
+def _kafka_python_member(bootstrap: str, topic: str, group: str) -> KafkaConsumer:
+    """A member that knows the topic's partitions before it subscribes: kafka-python
+    3.0.12 otherwise rejoins once the metadata arrives, and a join that completes after
+    the poll() that started it timed out is never applied (see docs/kafka.md)."""
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        group_id=group,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        session_timeout_ms=6000,
+        heartbeat_interval_ms=300,
+    )
+    wait_until(lambda: bool(consumer.partitions_for_topic(topic)), what="topic metadata")
+    consumer.subscribe([topic])
+    return consumer
+
+
+@pytest.mark.parametrize("round_", range(3))
+def test_kafka_python_two_members_split_the_partitions(
+    bootstrap: str, topic: str, round_: int
+) -> None:
+    """Two kafka-python members polled in turn with short timeouts, so a member's join
+    often completes between its polls and it sends the same JoinGroup again. The
+    coordinator must answer that with the current generation (as Kafka does), not
+    rebalance: rebalancing made the two members rebalance forever."""
+    _create(bootstrap, topic, 4)
+    producer = confluent_producer(bootstrap)
+    for i in range(40):
+        producer.produce(topic, value=b"%d" % i, partition=i % 4)
+    assert producer.flush(30) == 0
+    group = f"g-{topic}"
+    members = [_kafka_python_member(bootstrap, topic, group) for _ in range(2)]
+    seen: set[bytes] = set()
+
+    def split() -> bool:
+        for member in members:
+            for records in member.poll(timeout_ms=100).values():
+                seen.update(r.value for r in records)
+        owned = [{tp.partition for tp in m.assignment()} for m in members]
+        return (
+            len(seen) == 40
+            and owned[0] | owned[1] == set(range(4))
+            and all(len(each) == 2 for each in owned)
+        )
+
+    try:
+        wait_until(split, what=f"two kafka-python members, round {round_}")
+    finally:
+        for member in members:
+            member.close()
+
+
+async def test_an_unchanged_rejoin_keeps_the_generation() -> None:
+    """A follower of a stable group (or anyone between join and sync) re-sending its
+    JoinGroup unchanged gets the current generation; a changed one rebalances."""
+    coordinator = GroupCoordinator()
+    join = dict(
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10000,
+        rebalance_timeout_ms=10000,
+        protocol_type="consumer",
+    )
+    try:
+        first_join = asyncio.ensure_future(
+            coordinator.join("ns", "g", member_id="", protocols=[("range", b"m")], **join)  # type: ignore[arg-type]
+        )
+        leader = await first_join
+        second_join = asyncio.ensure_future(
+            coordinator.join("ns", "g", member_id="", protocols=[("range", b"m")], **join)  # type: ignore[arg-type]
+        )
+        await asyncio.sleep(0)
+        leader = await coordinator.join(
+            "ns",
+            "g",
+            member_id=leader.member_id,
+            protocols=[("range", b"m")],
+            **join,  # type: ignore[arg-type]
+        )
+        follower = await second_join
+        generation = follower.generation
+        # Between join and sync: the same JoinGroup again is answered at once.
+        again = await coordinator.join(
+            "ns",
+            "g",
+            member_id=follower.member_id,
+            protocols=[("range", b"m")],
+            **join,  # type: ignore[arg-type]
+        )
+        assert (again.error, again.generation) == (ErrorCode.none, generation)
+        synced = await coordinator.sync(
+            "ns",
+            "g",
+            member_id=leader.member_id,
+            generation=generation,
+            assignments={leader.member_id: b"a1", follower.member_id: b"a2"},
+        )
+        assert synced.assignment == b"a1"
+        again = await coordinator.join(
+            "ns",
+            "g",
+            member_id=follower.member_id,
+            protocols=[("range", b"m")],
+            **join,  # type: ignore[arg-type]
+        )
+        assert (again.error, again.generation, again.members) == (ErrorCode.none, generation, ())
+        assert coordinator.heartbeat("ns", "g", leader.member_id, generation) is ErrorCode.none
+        # A changed subscription rebalances.
+        changed = asyncio.ensure_future(
+            coordinator.join(
+                "ns",
+                "g",
+                member_id=follower.member_id,
+                protocols=[("range", b"n")],
+                **join,  # type: ignore[arg-type]
+            )
+        )
+        await asyncio.sleep(0)
+        assert coordinator.heartbeat("ns", "g", leader.member_id, generation) is (
+            ErrorCode.rebalance_in_progress
+        )
+        changed.cancel()
+    finally:
+        await coordinator.close()
+
+
+async def test_the_initial_rebalance_delay_gathers_members_starting_together() -> None:
+    """With group.initial.rebalance.delay.ms, two members joining an empty group a
+    moment apart form generation 1 together; without it the first is alone in it."""
+    join = dict(
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=10000,
+        rebalance_timeout_ms=10000,
+        protocol_type="consumer",
+        protocols=[("range", b"m")],
+    )
+    for delay_ms, together in ((300, True), (0, False)):
+        coordinator = GroupCoordinator(initial_rebalance_delay_ms=delay_ms)
+        try:
+            first = asyncio.ensure_future(
+                coordinator.join("ns", "g", member_id="", **join)  # type: ignore[arg-type]
+            )
+            await asyncio.sleep(0.05)
+            second = asyncio.ensure_future(
+                coordinator.join("ns", "g", member_id="", **join)  # type: ignore[arg-type]
+            )
+            if together:
+                results = await asyncio.gather(first, second)
+                assert [r.generation for r in results] == [1, 1]
+                assert len(results[0].members) == 2
+            else:
+                alone = await first
+                assert (alone.generation, len(alone.members)) == (1, 1)
+                second.cancel()
+        finally:
+            await coordinator.close()
+
+
 async def test_coordinator_fences_generations_and_expires_silent_members() -> None:
     coordinator = GroupCoordinator()
     join = dict(

@@ -1,6 +1,7 @@
 """DescribeConfigs, AlterConfigs and IncrementalAlterConfigs for the topic configs we
 honour: retention.ms, retention.bytes and max.message.bytes map onto the storage
-topic's config; cleanup.policy is kept (compaction itself is not done yet)."""
+topic's config; cleanup.policy and delete.retention.ms are kept beside it and drive
+the compactor (protocols/kafka/compaction.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
+from protocols.kafka.compaction import DEFAULT_DELETE_RETENTION_MS, is_compacted
 from protocols.kafka.errors import error_code
 from protocols.kafka.session import Session
 from storage.errors import StorageError
@@ -17,8 +19,10 @@ from storage.model import UNLIMITED, TopicConfig
 
 __all__ = [
     "alter_configs",
+    "compaction_of",
     "describe_configs",
     "incremental_alter_configs",
+    "save_kept_configs",
     "topic_config_from",
 ]
 
@@ -34,6 +38,7 @@ _DEFAULTS = {
     "retention.bytes": "-1",
     "max.message.bytes": "1048588",
     "cleanup.policy": "delete",
+    "delete.retention.ms": str(DEFAULT_DELETE_RETENTION_MS),
 }
 _FIELDS = {
     "retention.ms": "retention_ms",
@@ -41,6 +46,7 @@ _FIELDS = {
     "max.message.bytes": "max_message_bytes",
 }
 _POLICIES = {"delete", "compact", "compact,delete", "delete,compact"}
+_KEPT = ("cleanup.policy", "delete.retention.ms")
 
 
 def topic_config_from(values: dict[str, str | None], base: TopicConfig) -> TopicConfig:
@@ -51,6 +57,10 @@ def topic_config_from(values: dict[str, str | None], base: TopicConfig) -> Topic
         if name == "cleanup.policy":
             if value is not None and value not in _POLICIES:
                 raise ValueError(f"bad cleanup.policy {value!r}")
+            continue
+        if name == "delete.retention.ms":
+            if value is not None and (not value.lstrip("-").isdigit() or int(value) < 0):
+                raise ValueError(f"bad delete.retention.ms {value!r}")
             continue
         field = _FIELDS.get(name)
         if field is None:
@@ -71,7 +81,7 @@ def topic_config_from(values: dict[str, str | None], base: TopicConfig) -> Topic
 
 
 def _value(config: TopicConfig, name: str, extra: dict[str, Any]) -> tuple[str, int]:
-    if name == "cleanup.policy":
+    if name in _KEPT:
         policy = extra.get(name)
         return (policy, _SOURCE_TOPIC) if policy else (_DEFAULTS[name], _SOURCE_DEFAULT)
     value = getattr(config, _FIELDS[name])
@@ -83,6 +93,34 @@ def _value(config: TopicConfig, name: str, extra: dict[str, Any]) -> tuple[str, 
 async def _extra(session: Session, topic: str) -> dict[str, Any]:
     stored = await session.processor.meta_get(session.caller, _META_KIND, topic)
     return stored if isinstance(stored, dict) else {}
+
+
+async def save_kept_configs(session: Session, topic: str, values: dict[str, str | None]) -> None:
+    """Store the configs the storage topic has no field for (``cleanup.policy``,
+    ``delete.retention.ms``) beside it, and forget the compactor's cached view."""
+    kept = {name: values[name] for name in _KEPT if name in values}
+    if not kept:
+        return
+    extra = await _extra(session, topic)
+    extra.update(kept)
+    await session.processor.meta_put(session.caller, _META_KIND, topic, extra)
+    session.broker.compactor.policies.pop((session.namespace, topic), None)
+
+
+async def compaction_of(session: Session, topic: str) -> int | None:
+    """``delete.retention.ms`` of a compacted topic, None if it is not compacted
+    (cached per topic: produce asks this for every batch)."""
+    key = (session.namespace, topic)
+    policies = session.broker.compactor.policies
+    if key not in policies:
+        extra = await _extra(session, topic)
+        retention = extra.get("delete.retention.ms")
+        policies[key] = (
+            (int(retention) if retention is not None else DEFAULT_DELETE_RETENTION_MS)
+            if is_compacted(extra.get("cleanup.policy"))
+            else None
+        )
+    return policies[key]
 
 
 async def describe_configs(session: Session, request: Any, version: int) -> dict[str, Any]:
@@ -148,12 +186,7 @@ async def _alter(
         config = topic_config_from(values, info.config)
         if not validate_only:
             await session.processor.alter_topic(session.caller, resource.resource_name, config)
-            if "cleanup.policy" in values:
-                extra = await _extra(session, resource.resource_name)
-                extra["cleanup.policy"] = values["cleanup.policy"]
-                await session.processor.meta_put(
-                    session.caller, _META_KIND, resource.resource_name, extra
-                )
+            await save_kept_configs(session, resource.resource_name, values)
     except ValueError as e:
         result.update(error_code=ErrorCode.invalid_config, error_message=str(e))
     except (StorageError, AuthError) as e:

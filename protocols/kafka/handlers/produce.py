@@ -12,6 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
 from protocols.kafka.errors import error_code
+from protocols.kafka.handlers.configs import compaction_of
 from protocols.kafka.handlers.transactions import end_transaction
 from protocols.kafka.producers import Verdict
 from protocols.kafka.records import (
@@ -127,9 +128,18 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
                     count,
                     part.base_offset,
                 )
+    await _poke_compactor(session, pending)
     if request.acks == 0:
         return None
     return {"responses": _responses(pending), "throttle_time": 0}
+
+
+async def _poke_compactor(session: Session, pending: list[_Pending]) -> None:
+    for part in pending:
+        if part.error is ErrorCode.none and part.batches:
+            retention = await compaction_of(session, part.topic)
+            if retention is not None:
+                session.broker.compactor.poke(session.caller, part.queue, retention)
 
 
 async def _append(session: Session, requests: list[AppendRequest], owners: list[_Pending]) -> None:

@@ -12,7 +12,7 @@ from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
 from protocols.kafka.errors import error_code
-from protocols.kafka.handlers.configs import topic_config_from
+from protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
 from protocols.kafka.session import Session
 from protocols.kafka.versions import SUPPORTED
 from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
@@ -216,6 +216,10 @@ async def create_topics(session: Session, request: Any, version: int) -> dict[st
                 await _check_absent(session, topic.name)
             else:
                 await session.processor.create_topic(session.caller, topic.name, config)
+                session.broker.compactor.policies.pop((session.namespace, topic.name), None)
+                await save_kept_configs(
+                    session, topic.name, {c.name: c.value for c in topic.configs}
+                )
         except (StorageError, AuthError) as e:
             result = {**result, "error_code": error_code(e), "error_message": str(e)}
         else:
