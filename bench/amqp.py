@@ -16,24 +16,18 @@ With ``--target`` it measures whatever broker listens there (RabbitMQ, say); pas
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import socket
 import statistics
 import struct
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
-from pathlib import Path
 
 import pika
-import psutil
+
+from bench._server import Meter, add_target_options, server_under_test
 
 SIZES = (100, 4096)
 PUBLISH_COUNT = 20_000
@@ -41,74 +35,6 @@ CONFIRM_COUNT = 3_000
 LATENCY_RATE = 1_000
 LATENCY_SECONDS = 5.0
 SCENARIO_LIMIT_S = 30.0
-
-
-def serve(port: int, data_dir: str) -> None:
-    """Run a polymq gateway with only the AMQP listener (until killed)."""
-    from gateway.config import load_config
-    from gateway.server import configure_logging, serve
-    from protocols.amqp.listener import amqp_listener
-
-    overrides = {"storage.data_dir": data_dir, "listeners.amqp.port": str(port)}
-    for name in ("kafka", "mqtt", "mqtt_ws", "rocketmq", "http"):
-        overrides[f"listeners.{name}.enabled"] = "false"
-    config = load_config(overrides=overrides)
-    configure_logging("warning")
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(serve(config, listener_factories={"amqp": amqp_listener}))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def polymq_server() -> Iterator[tuple[str, int, int]]:
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="polymq-bench-amqp-") as data_dir:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.amqp", "--serve", str(port), "--data-dir", data_dir],
-            cwd=Path(__file__).resolve().parents[1],
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("the polymq server did not start") from None
-                    time.sleep(0.1)
-            yield "127.0.0.1", port, proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(30)
-
-
-@dataclass
-class Meter:
-    """CPU seconds and RSS of the server process, if known."""
-
-    process: psutil.Process | None
-
-    def cpu(self) -> float:
-        if self.process is None:
-            return 0.0
-        times = self.process.cpu_times()
-        return float(times.user + times.system)
-
-    def rss_mib(self) -> float:
-        return self.process.memory_info().rss / (1 << 20) if self.process else 0.0
 
 
 def _connect(host: str, port: int) -> pika.BlockingConnection:
@@ -253,21 +179,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target", help="HOST:PORT of a running broker (default: start polymq)")
-    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
+    add_target_options(parser)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.data_dir or tempfile.mkdtemp())
-        return
-    if args.target:
-        host, _, port = args.target.rpartition(":")
-        process = psutil.Process(args.server_pid) if args.server_pid else None
-        run(host or "127.0.0.1", int(port), Meter(process), args.target)
-        return
-    with polymq_server() as (host, port, pid):
-        run(host, port, Meter(psutil.Process(pid)), "polymq")
+    with server_under_test("amqp", target=args.target, server_pid=args.server_pid) as server:
+        run(server.host, server.port, Meter(server.pid), server.label)
 
 
 if __name__ == "__main__":

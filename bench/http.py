@@ -25,86 +25,22 @@ if str(_HERE.parent) not in sys.path:
 
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
-import contextlib  # noqa: E402
 import json  # noqa: E402
-import socket  # noqa: E402
 import statistics  # noqa: E402
 import subprocess  # noqa: E402
-import tempfile  # noqa: E402
 import time  # noqa: E402
-from collections.abc import Awaitable, Callable, Iterator  # noqa: E402
+from collections.abc import Awaitable, Callable  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import httpx  # noqa: E402
-import psutil  # noqa: E402
+
+from bench._server import Meter, polymq_server  # noqa: E402
 
 BODY = "x" * 256
 CONCURRENCY = 16  # keep-alive connections in all
 CLIENTS = 2  # client processes sharing them
 XMLNS = "http://mns.aliyuncs.com/doc/v1/"
-
-
-def serve(port: int, data_dir: str, durability: str) -> None:
-    """Run a polymq gateway with only the HTTP listener (until killed)."""
-    from gateway.config import load_config
-    from gateway.server import configure_logging
-    from gateway.server import serve as serve_gateway
-    from protocols.http.listener import http_listener
-
-    overrides = {
-        "storage.data_dir": data_dir,
-        "storage.durability": durability,
-        "listeners.http.port": str(port),
-    }
-    for name in ("kafka", "amqp", "mqtt", "mqtt_ws", "rocketmq"):
-        overrides[f"listeners.{name}.enabled"] = "false"
-    config = load_config(overrides=overrides)
-    configure_logging("warning")
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(serve_gateway(config, listener_factories={"http": http_listener}))
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def server_process(durability: str) -> Iterator[tuple[str, psutil.Process]]:
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="polymq-bench-http-") as data_dir:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.http", "--serve", str(port), data_dir, durability],
-            cwd=_HERE.parent,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    if httpx.get(base + "/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the polymq server did not start")
-                time.sleep(0.1)
-            yield base, psutil.Process(proc.pid)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 @dataclass
@@ -115,7 +51,7 @@ class Row:
     seconds: float
     latencies: list[float]
     cpu_s: float
-    rss_mb: float
+    rss_mib: float
 
     def line(self) -> str:
         lat = sorted(self.latencies)
@@ -124,13 +60,13 @@ class Row:
         return (
             f"{self.scenario:<28} {self.msgs:>7} {self.msgs / self.seconds:>10.0f} "
             f"{self.requests / self.seconds:>9.0f} {p50:>8.2f} {p99:>8.2f} "
-            f"{self.cpu_s:>7.2f} {self.cpu_s / max(1, self.msgs) * 1e6:>8.0f} {self.rss_mb:>7.1f}"
+            f"{self.cpu_s:>7.2f} {self.cpu_s / max(1, self.msgs) * 1e6:>8.0f} {self.rss_mib:>7.1f}"
         )
 
 
 HEADER = (
     f"{'scenario':<28} {'msgs':>7} {'msgs/s':>10} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} "
-    f"{'cpu s':>7} {'us/msg':>8} {'rss MB':>7}"
+    f"{'cpu s':>7} {'us/msg':>8} {'rss MiB':>7}"
 )
 
 
@@ -186,12 +122,10 @@ async def client_loop(
     }
 
 
-def run(
-    name: str, step: str, process: psutil.Process, *, base: str, max_msgs: int, max_seconds: float
-) -> Row:
+def run(name: str, step: str, meter: Meter, *, base: str, max_msgs: int, max_seconds: float) -> Row:
     """``CLIENTS`` client processes (one Python client cannot keep the server busy),
     ``CONCURRENCY`` connections in all."""
-    cpu_before = sum(process.cpu_times()[:2])
+    cpu_before = meter.cpu()
     share = str(max_msgs // CLIENTS)
     args = [base, str(CONCURRENCY // CLIENTS), share, str(max_seconds)]
     clients = [
@@ -204,7 +138,7 @@ def run(
         for _ in range(CLIENTS)
     ]
     results = [json.loads(c.communicate(timeout=max_seconds + 60)[0]) for c in clients]
-    cpu = sum(process.cpu_times()[:2]) - cpu_before
+    cpu = meter.cpu() - cpu_before
     seconds = max(r["ended"] for r in results) - min(r["began"] for r in results)
     return Row(
         name,
@@ -213,7 +147,7 @@ def run(
         seconds,
         [latency for r in results for latency in r["latencies"]],
         cpu,
-        process.memory_info().rss / 1e6,
+        meter.rss_mib(),
     )
 
 
@@ -270,13 +204,14 @@ async def main_async(quick: bool, durability: str) -> None:
     single = 500 if quick else 20_000
     batched = 2_000 if quick else 100_000
     limit = 3.0 if quick else 15.0
-    with server_process(durability) as (base, process):
+    with polymq_server("http", durability=durability) as server:
+        base, meter = f"http://{server.address}", Meter(server.pid)
         async with httpx.AsyncClient(base_url=base) as admin:
             (await admin.put("/queues/bench")).raise_for_status()
         from protocols.http.listener import HTTP_PARSER
 
         print(
-            f"server pid {process.pid}; durability {durability}; {CONCURRENCY} keep-alive "
+            f"server pid {server.pid}; durability {durability}; {CONCURRENCY} keep-alive "
             f"connections from {CLIENTS} client processes; body 256 B; "
             f"http parser {HTTP_PARSER}"
         )
@@ -288,7 +223,7 @@ async def main_async(quick: bool, durability: str) -> None:
             ("BatchReceive+BatchDelete (16)", "batch_receive_delete", batched),
         )
         rows = [
-            run(name, step, process, base=base, max_msgs=count, max_seconds=limit)
+            run(name, step, meter, base=base, max_msgs=count, max_seconds=limit)
             for name, step, count in scenarios
         ]
         for row in rows:
@@ -305,7 +240,6 @@ def main() -> None:
         default="both",
         help="the server's storage durability (default: a run of each)",
     )
-    parser.add_argument("--serve", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument("--client", nargs=5, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.client:
@@ -320,9 +254,6 @@ def main() -> None:
             )
         )
         print(json.dumps(result))
-        return
-    if args.serve:
-        serve(int(args.serve[0]), args.serve[1], args.serve[2])
         return
     for durability in ("sync", "async") if args.durability == "both" else (args.durability,):
         asyncio.run(main_async(args.quick, durability))

@@ -16,99 +16,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
-import socket
 import statistics
 import struct
-import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
-import psutil
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+
+from bench._server import Meter, add_target_options, polymq_server
 
 SIZES = (100, 1024)
 PRODUCE_COUNT = {100: 200_000, 1024: 100_000}
 LATENCY_RATE = 10_000
 LATENCY_SECONDS = 3.0
 SCENARIO_LIMIT_S = 30.0
-
-
-def serve(port: int, data_dir: str) -> None:
-    """Run a polymq gateway with only the Kafka listener (until killed)."""
-    from gateway.config import load_config
-    from gateway.server import configure_logging, serve
-    from protocols.kafka.listener import kafka_listener
-
-    overrides = {"storage.data_dir": data_dir, "listeners.kafka.port": str(port)}
-    for name in ("amqp", "mqtt", "mqtt_ws", "rocketmq", "http"):
-        overrides[f"listeners.{name}.enabled"] = "false"
-    config = load_config(overrides=overrides)
-    configure_logging("warning")
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(serve(config, listener_factories={"kafka": kafka_listener}))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def polymq_server(data_dir: str) -> Iterator[tuple[str, int, int]]:
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.kafka", "--serve", str(port), "--data-dir", data_dir],
-        cwd=Path(__file__).resolve().parents[1],
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError("the polymq server did not start") from None
-                time.sleep(0.1)
-        yield "127.0.0.1", port, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-@dataclass
-class Meter:
-    """CPU seconds and RSS of the server process, if known."""
-
-    process: psutil.Process | None
-
-    def cpu(self) -> float:
-        if self.process is None:
-            return 0.0
-        times = self.process.cpu_times()
-        return float(times.user + times.system)
-
-    def rss_mib(self) -> float:
-        return self.process.memory_info().rss / (1 << 20) if self.process else 0.0
 
 
 def _producer(bootstrap: str) -> Producer:
@@ -287,15 +216,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target", help="HOST:PORT of a running broker (default: start polymq)")
-    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
+    add_target_options(parser)
     parser.add_argument("--quick", action="store_true", help="small counts, a smoke run")
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.data_dir or tempfile.mkdtemp())
-        return
     counts = {size: 2_000 for size in SIZES} if args.quick else dict(PRODUCE_COUNT)
     if args.quick:
         global LATENCY_SECONDS
@@ -304,12 +227,11 @@ def main() -> None:
 
     print(f"# Kafka benchmark (confluent-kafka {confluent_kafka.version()[0]})")
     if args.target:
-        process = psutil.Process(args.server_pid) if args.server_pid else None
-        run(args.target, Meter(process), counts)
+        run(args.target, Meter(args.server_pid), counts)
         return
     with tempfile.TemporaryDirectory(prefix="polymq-bench-kafka-") as data_dir:
-        with polymq_server(data_dir) as (host, port, pid):
-            topics = run(f"{host}:{port}", Meter(psutil.Process(pid)), counts)
+        with polymq_server("kafka", data_dir=Path(data_dir)) as server:
+            topics = run(server.address, Meter(server.pid), counts)
         asyncio.run(engine_replay(Path(data_dir), topics))
 
 

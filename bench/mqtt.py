@@ -27,19 +27,25 @@ import socket
 import statistics
 import struct
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as paho
-import psutil
 from paho.mqtt.enums import CallbackAPIVersion
+
+from bench._server import (
+    Meter,
+    Server,
+    add_target_options,
+    free_port,
+    process_server,
+    server_under_test,
+)
 
 PAYLOAD = 100
 PUBLISH_COUNT = 20_000
@@ -54,99 +60,18 @@ IDLE_CONNECTIONS = 10_000
 SCENARIO_LIMIT_S = 40.0
 
 
-def serve(port: int, data_dir: str) -> None:
-    """Run a polymq gateway with only the MQTT listener (until killed)."""
-    from gateway.config import load_config
-    from gateway.server import configure_logging
-    from gateway.server import serve as serve_gateway
-    from protocols.mqtt.listener import mqtt_listener
-
-    overrides = {"storage.data_dir": data_dir, "listeners.mqtt.port": str(port)}
-    for name in ("kafka", "amqp", "mqtt_ws", "rocketmq", "http"):
-        overrides[f"listeners.{name}.enabled"] = "false"
-    overrides["limits.max_connections"] = str(IDLE_CONNECTIONS + 1_000)
-    config = load_config(overrides=overrides)
-    configure_logging("warning")
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(serve_gateway(config, listener_factories={"mqtt": mqtt_listener}))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _wait_port(port: int, proc: subprocess.Popen[bytes] | None) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc is not None and proc.poll() is not None:
-            raise RuntimeError("the server exited early")
-        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-            return
-        time.sleep(0.1)
-    raise RuntimeError("the server did not start")
-
-
 @contextlib.contextmanager
-def _process(command: list[str], port: int) -> Iterator[tuple[str, int, int]]:
-    """Run a broker process until the block ends; yields its address and pid."""
-    proc = subprocess.Popen(
-        command, cwd=Path(__file__).resolve().parents[1], stderr=subprocess.DEVNULL
-    )
-    try:
-        _wait_port(port, proc)
-        yield "127.0.0.1", port, proc.pid
-    finally:
-        proc.terminate()
-        proc.wait(30)
-
-
-@contextlib.contextmanager
-def polymq_server() -> Iterator[tuple[str, int, int]]:
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="polymq-bench-mqtt-") as data_dir:
-        command = [sys.executable, "-m", "bench.mqtt", "--serve", str(port), "--data-dir", data_dir]
-        with _process(command, port) as server:
-            yield server
-
-
-@contextlib.contextmanager
-def mosquitto_server() -> Iterator[tuple[str, int, int]]:
+def mosquitto_server() -> Iterator[Server]:
     binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    port = _free_port()
+    port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
         conf = Path(tmp) / "mosquitto.conf"
         conf.write_text(
             f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n"
         )
-        with _process([binary, "-c", str(conf)], port) as server:
+        command = [binary, "-c", str(conf)]
+        with process_server(command, port, stderr=subprocess.DEVNULL, label="mosquitto") as server:
             yield server
-
-
-@dataclass
-class Meter:
-    """The server's CPU and RSS, when its pid is known."""
-
-    pid: int | None
-
-    def cpu(self) -> float:
-        if self.pid is None:
-            return 0.0
-        times = psutil.Process(self.pid).cpu_times()
-        return float(times.user + times.system)
-
-    def rss_mib(self) -> float:
-        if self.pid is None:
-            return 0.0
-        return float(psutil.Process(self.pid).memory_info().rss) / (1 << 20)
 
 
 class Counter:
@@ -451,31 +376,27 @@ def _ratios(ours: dict[str, Row], theirs: dict[str, Row]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", help="HOST:PORT of a running broker (default: start polymq)")
-    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
+    add_target_options(parser)
     parser.add_argument("--mosquitto", action="store_true", help="also run against mosquitto")
     parser.add_argument("--quick", action="store_true", help="small counts (smoke test)")
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.data_dir)
-        return
     if args.quick:
         global PUBLISH_COUNT, QOS1_COUNT, FAN_IN_EACH, FAN_OUT_COUNT, LATENCY_SECONDS
         global IDLE_CONNECTIONS
         PUBLISH_COUNT, QOS1_COUNT, FAN_IN_EACH, FAN_OUT_COUNT = 500, 200, 20, 5
         LATENCY_SECONDS, IDLE_CONNECTIONS = 0.2, 50
     topic_index(1_000 if args.quick else 100_000, 1_000 if args.quick else 20_000)
+    # Room for the idle-connections scenario beyond the default limit of 10,000.
+    settings = {"limits.max_connections": str(IDLE_CONNECTIONS + 1_000)}
+    with server_under_test(
+        "mqtt", target=args.target, server_pid=args.server_pid, settings=settings
+    ) as server:
+        ours = run(server.host, server.port, Meter(server.pid), server.label)
     if args.target:
-        host, _, port = args.target.rpartition(":")
-        run(host or "127.0.0.1", int(port), Meter(args.server_pid), args.target)
         return
-    with polymq_server() as (host, port, pid):
-        ours = run(host, port, Meter(pid), "polymq")
     if args.mosquitto:
-        with mosquitto_server() as (host, port, pid):
-            theirs = run(host, port, Meter(pid), "mosquitto")
+        with mosquitto_server() as server:
+            theirs = run(server.host, server.port, Meter(server.pid), server.label)
         _ratios(ours, theirs)
 
 

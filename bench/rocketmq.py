@@ -15,27 +15,20 @@ pass ``--server-pid`` to get that server's CPU and RSS too.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import os
-import socket
 import statistics
 import struct
-import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-import psutil
+from bench._server import Meter, add_target_options, server_under_test
 
 SIZES = (100, 4096)
 SYNC_COUNT = 3_000
@@ -46,74 +39,6 @@ LATENCY_RATES = (1_000, 200)
 LATENCY_SECONDS = 4.0
 SCENARIO_LIMIT_S = 20.0
 ACK_THREADS = 8  # the client's ack is a blocking call; ack_async needs an asyncio loop
-
-
-def serve(port: int, data_dir: str) -> None:
-    """Run a polymq gateway with only the RocketMQ listener (until killed)."""
-    from gateway.config import load_config
-    from gateway.server import configure_logging, serve
-    from protocols.rocketmq.listener import rocketmq_listener
-
-    overrides = {"storage.data_dir": data_dir, "listeners.rocketmq.port": str(port)}
-    for name in ("kafka", "amqp", "mqtt", "mqtt_ws", "http"):
-        overrides[f"listeners.{name}.enabled"] = "false"
-    config = load_config(overrides=overrides)
-    configure_logging("warning")
-    try:
-        import uvloop
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:
-        runner = asyncio.Runner()
-    with runner:
-        runner.run(serve(config, listener_factories={"rocketmq": rocketmq_listener}))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextlib.contextmanager
-def polymq_server() -> Iterator[tuple[str, int, int]]:
-    port = _free_port()
-    with tempfile.TemporaryDirectory(prefix="polymq-bench-rocketmq-") as data_dir:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.rocketmq", "--serve", str(port), "--data-dir", data_dir],
-            cwd=Path(__file__).resolve().parents[1],
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError("the polymq server did not start") from None
-                    time.sleep(0.1)
-            yield "127.0.0.1", port, proc.pid
-        finally:
-            proc.terminate()
-            proc.wait(30)
-
-
-@dataclass
-class Meter:
-    """CPU seconds and RSS of the server process, if known."""
-
-    process: psutil.Process | None
-
-    def cpu(self) -> float:
-        if self.process is None:
-            return 0.0
-        times = self.process.cpu_times()
-        return float(times.user + times.system)
-
-    def rss_mib(self) -> float:
-        return self.process.memory_info().rss / (1 << 20) if self.process else 0.0
 
 
 def _config(endpoint: str) -> Any:
@@ -279,22 +204,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--target", help="HOST:PORT of a running server (default: start polymq)")
-    parser.add_argument("--server-pid", type=int, help="pid of the --target server, for CPU/RSS")
-    parser.add_argument("--serve", type=int, metavar="PORT", help=argparse.SUPPRESS)
-    parser.add_argument("--data-dir", help=argparse.SUPPRESS)
+    add_target_options(parser)
     args = parser.parse_args()
-    if args.serve:
-        serve(args.serve, args.data_dir or tempfile.mkdtemp())
-        return
     logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
-    if args.target:
-        host, _, port = args.target.rpartition(":")
-        process = psutil.Process(args.server_pid) if args.server_pid else None
-        run(host or "127.0.0.1", int(port), Meter(process), args.target)
-        return
-    with polymq_server() as (host, port, pid):
-        run(host, port, Meter(psutil.Process(pid)), "polymq")
+    with server_under_test("rocketmq", target=args.target, server_pid=args.server_pid) as server:
+        run(server.host, server.port, Meter(server.pid), server.label)
 
 
 if __name__ == "__main__":
