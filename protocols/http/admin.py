@@ -69,10 +69,14 @@ def admin_router(context: ListenerContext) -> APIRouter:
         return {"namespaces": result}
 
     @router.get("/topics", summary="Topics with their queues' offsets")
-    async def topics(request: Request, namespace: str | None = None) -> dict[str, Any]:
+    async def topics(
+        request: Request, namespace: str | None = None, internal: bool = False
+    ) -> dict[str, Any]:
+        """``internal=true`` also lists the topics protocols keep for themselves (MQTT
+        session and shared-subscription queues), which clients never see."""
         result = []
         for caller in await callers(request, namespace):
-            for info in await processor.list_topics(caller):
+            for info in await processor.list_topics(caller, include_internal=internal):
                 result.append(
                     {
                         "namespace": caller.namespace,
@@ -81,6 +85,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
                             "queue_count": info.config.queue_count,
                             "message_type": str(info.config.message_type),
                             "retention_ms": info.config.retention_ms,
+                            "internal": info.config.internal,
                         },
                         "queues": [
                             {"queue_id": i, "earliest": q.earliest, "latest": q.latest}

@@ -15,6 +15,7 @@ from mns.queue import Message, QueueMeta
 from gateway.accounts import ANONYMOUS
 from gateway.processor import Caller
 from protocols.http.listener import HttpListener
+from storage.model import TopicConfig
 from tests.live_server import LiveServer
 from tests.mns.harness import (
     ADMIN_PASSWORD,
@@ -73,6 +74,21 @@ def test_topics_groups_with_lag_and_connections(server: LiveServer, account: Acc
     usage = httpx.get(base + "/admin/usage", auth=ROOT).json()["usage"]
     [mine] = [u for u in usage if u["namespace"] == NAMESPACE and u["protocol"] == "http"]
     assert (mine["messages_in"], mine["messages_out"], mine["connections"]) == (3, 1, 1)
+
+
+def test_internal_topics_are_listed_only_when_asked(server: LiveServer) -> None:
+    storage = server.gateway.storage
+    config = TopicConfig(internal=True)
+    server.call(lambda: storage.create_topic(NAMESPACE, "$mqtt.session.x", config))
+    base = endpoint(server)
+
+    def names(query: str) -> dict[str, bool]:
+        url = base + f"/admin/topics?namespace={NAMESPACE}{query}"
+        topics = httpx.get(url, auth=ROOT).json()["topics"]
+        return {t["name"]: t["config"]["internal"] for t in topics}
+
+    assert "$mqtt.session.x" not in names("")
+    assert names("&internal=true")["$mqtt.session.x"] is True
 
 
 def test_accounts_never_show_secrets(server: LiveServer) -> None:
