@@ -4,54 +4,14 @@ with the message (protocols/mqtt/broker.py, ``Broker.qos2_dedup_key``)."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
-import socket
-import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TypeVar
 
 from protocols.mqtt import codec
-from tests.mqtt.helpers import TIMEOUT, RawClient, wait_until
+from tests.crash_server import crash_server, free_port
+from tests.mqtt.helpers import RawClient
 
 _P = TypeVar("_P")
-_ROOT = Path(__file__).resolve().parents[2]
-
-
-@contextlib.contextmanager
-def _server(data_dir: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    """A gateway in its own process, killed with SIGKILL when the block ends: no
-    clean stop, no session saved on the way out."""
-    command = [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())"]
-    command += ["run", "--data-dir", str(data_dir), "--mqtt-port", str(port)]
-    command += ["--log-level", "warning"]
-    env = dict(os.environ)
-    for name in ("kafka", "amqp", "mqtt_ws", "rocketmq", "http"):
-        env[f"POLYMQ_LISTENERS__{name.upper()}__ENABLED"] = "false"
-    proc = subprocess.Popen(command, cwd=_ROOT, env=env, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: _listening(port, proc), TIMEOUT * 2, "the server to listen")
-        yield proc
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(30)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _listening(port: int, proc: subprocess.Popen[bytes]) -> bool:
-    assert proc.poll() is None, "the server exited early"
-    with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
-        return True
-    return False
 
 
 def _expect(client: RawClient, kind: type[_P]) -> _P:
@@ -67,8 +27,8 @@ def _persistent(port: int, client_id: str) -> tuple[RawClient, codec.ConnAck]:
 
 
 def test_qos2_resend_after_a_crash_is_stored_once(tmp_path: Path) -> None:
-    port = _free_port()
-    with _server(tmp_path, port):
+    port = free_port()  # the same port across the crash: the client comes back to it
+    with crash_server(tmp_path, "mqtt", port=port):
         watcher, _ = _persistent(port, "watcher")
         watcher.subscribe("crash/#", qos=1)
         watcher.send(codec.Disconnect())
@@ -79,7 +39,7 @@ def test_qos2_resend_after_a_crash_is_stored_once(tmp_path: Path) -> None:
         _expect(publisher, codec.PubRec)
         # killed here: PUBREC sent, PUBREL not received
     publisher.close()
-    with _server(tmp_path, port):
+    with crash_server(tmp_path, "mqtt", port=port):
         publisher, ack = _persistent(port, "publisher")
         assert ack.session_present
         publish.dup = True
