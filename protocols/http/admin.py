@@ -17,9 +17,8 @@ from fastapi import APIRouter, HTTPException, Request
 from gateway.accounts import ANONYMOUS, AuthError, Principal
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller
-from protocols.mns.queues import QUEUE_KIND, group_of
+from protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
 from storage.errors import QueueNotFound, TopicNotFound
-from storage.model import QueueRef
 
 __all__ = ["admin_router"]
 
@@ -121,18 +120,17 @@ def admin_router(context: ListenerContext) -> APIRouter:
                         }
                     )
                 if group in mns_groups:
-                    ref = QueueRef(caller.namespace, mns_groups[group])
+                    name = mns_groups[group]
                     try:
-                        pending = await processor.pending_count(caller, group, ref)
-                        inflight = await processor.inflight_count(caller, group, ref)
+                        counts = await queue_counts(processor, caller, name)
                     except (TopicNotFound, QueueNotFound):
-                        pending = inflight = 0
+                        counts = QueueCounts(active=0, inactive=0, delayed=0)
                     queues.append(
                         {
-                            "topic": ref.topic,
-                            "queue_id": 0,
-                            "lag": pending,
-                            "inflight": inflight,
+                            "topic": name,
+                            "queue_id": 0,  # all priority levels together
+                            "lag": counts.active + counts.inactive,
+                            "inflight": counts.inactive,
                         }
                     )
                 config = await processor.get_group_config(caller, group)

@@ -19,9 +19,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from gateway.accounts import Principal
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller
-from protocols.mns.queues import QUEUE_KIND, group_of
+from protocols.mns.queues import QUEUE_KIND, queue_counts
 from storage.errors import QueueNotFound, TopicNotFound
-from storage.model import QueueRef
 
 __all__ = ["GatewayMetrics", "LatencyMiddleware"]
 
@@ -121,14 +120,12 @@ class GatewayMetrics:
             for queue in list(await processor.meta_list(caller, QUEUE_KIND))[
                 :_MAX_TOPICS_PER_NAMESPACE
             ]:
-                ref = QueueRef(namespace, queue)
                 try:
-                    pending = await processor.pending_count(caller, group_of(queue), ref)
-                    inflight = await processor.inflight_count(caller, group_of(queue), ref)
+                    counts = await queue_counts(processor, caller, queue)
                 except (TopicNotFound, QueueNotFound):
                     continue  # its topic was deleted under it (by another protocol)
-                mns[(namespace, queue, "active")] = max(0, pending - inflight)
-                mns[(namespace, queue, "inactive")] = inflight
+                mns[(namespace, queue, "active")] = counts.active
+                mns[(namespace, queue, "inactive")] = counts.inactive
         self._depths.topics = topics
         self._depths.mns = mns
 

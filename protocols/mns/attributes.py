@@ -10,6 +10,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any, Self, cast
 
 from protocols.mns.errors import MnsError
+from storage.model import TopicConfig
 
 __all__ = [
     "NOTIFY_FORMATS",
@@ -151,6 +152,8 @@ class QueueAttributes(_Stored):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class TopicAttributes(_Stored):
     maximum_message_size: int = 65536
+    # How long the topic keeps its own copy of each message (MNS: a day by default).
+    message_retention_period: int = 86400
     logging_enabled: bool = False
     create_time: int = 0
     last_modify_time: int = 0
@@ -162,9 +165,18 @@ class TopicAttributes(_Stored):
             changes["maximum_message_size"] = parse_int(
                 "MaximumMessageSize", doc["MaximumMessageSize"], 1024, 65536
             )
+        if "MessageRetentionPeriod" in doc:
+            changes["message_retention_period"] = parse_int(
+                "MessageRetentionPeriod", doc["MessageRetentionPeriod"], 60, 604800
+            )
         if "LoggingEnabled" in doc:
             changes["logging_enabled"] = parse_bool("LoggingEnabled", doc["LoggingEnabled"])
         return replace(self, **changes)
+
+    @property
+    def topic_config(self) -> TopicConfig:
+        """The storage topic: its own queue keeps messages MessageRetentionPeriod."""
+        return TopicConfig(queue_count=1, retention_ms=self.message_retention_period * 1000)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -21,6 +21,7 @@ from protocols import interop
 from protocols.mns import codec
 from protocols.mns.attributes import parse_int
 from protocols.mns.errors import MnsError
+from protocols.mns.priority import DEFAULT_PRIORITY, PRIORITY, priority_of
 from storage.model import Message, StoredMessage
 
 __all__ = [
@@ -34,8 +35,6 @@ __all__ = [
     "render_notification",
 ]
 
-DEFAULT_PRIORITY = 8
-PRIORITY = "mns.priority"
 PROPERTY_TYPES = "mns.property-types"  # "name=TYPE;..." for non-STRING user properties
 _INTERNAL = frozenset({PRIORITY, PROPERTY_TYPES})
 _TYPES = ("STRING", "NUMBER", "BOOLEAN", "BINARY")
@@ -196,7 +195,6 @@ def _user_properties(message: Message) -> list[dict[str, str]]:
 def render_message(stored: StoredMessage, *, receipt: bool) -> dict[str, Any]:
     """The ``<Message>`` fields of ReceiveMessage (``receipt``) or PeekMessage."""
     message = stored.message
-    priority = message.property(PRIORITY)
     fields: dict[str, Any] = {
         "MessageId": stored.message_id,
         "ReceiptHandle": stored.receipt if receipt else None,
@@ -206,7 +204,7 @@ def render_message(stored: StoredMessage, *, receipt: bool) -> dict[str, Any]:
         "FirstDequeueTime": stored.first_pop_ms or 0,
         "NextVisibleTime": (stored.next_visible_ms or 0) if receipt else None,
         "DequeueCount": stored.delivery_attempt,
-        "Priority": int(priority) if priority else DEFAULT_PRIORITY,
+        "Priority": priority_of(message),
         "MessageGroupId": message.message_group,
         "MessageTag": message.tag,
     }

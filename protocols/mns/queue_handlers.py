@@ -10,7 +10,7 @@ from fastapi import Request, Response
 
 from protocols.mns.errors import MnsError
 from protocols.mns.messages import body_md5, render_message
-from protocols.mns.queues import QueueService
+from protocols.mns.queues import QueueService, Sent
 from protocols.mns.request import BATCH_MAX, RequestReader, message_documents
 from storage.model import StoredMessage
 
@@ -71,17 +71,22 @@ class QueueHandlers:
         call = await self._reader.read(request)
         documents, batch = message_documents(call.root, call.document)
         sent = await self._queues.send(call.caller, queue, documents)
-        rendered = [
-            {
-                "MessageId": result.message_id,
-                "MessageBodyMD5": body_md5(outgoing.message.body),
-                "MessageGroupId": outgoing.message.message_group,
-            }
-            for outgoing, result in sent
+        if not batch:
+            if isinstance(sent[0], MnsError):
+                raise sent[0]
+            return call.reply(201, "Message", _sent_message(sent[0], with_group=True))
+        stored = [one for one in sent if not isinstance(one, MnsError)]
+        if len(stored) == len(sent):
+            return call.reply(201, "Messages", [_sent_message(s, with_group=True) for s in stored])
+        # Some refused: MNS answers 500 with an entry per message, the error or (exactly
+        # MessageId and MessageBodyMD5, all the SDK takes there) the stored message.
+        entries = [
+            {"ErrorCode": one.code, "ErrorMessage": one.message}
+            if isinstance(one, MnsError)
+            else _sent_message(one, with_group=False)
+            for one in sent
         ]
-        if batch:
-            return call.reply(201, "Messages", rendered)
-        return call.reply(201, "Message", rendered[0])
+        return call.reply(500, "Messages", entries)
 
     async def get_messages(self, request: Request, queue: str) -> Response:
         """ReceiveMessage / BatchReceiveMessage (``numOfMessages``, ``waitseconds``),
@@ -151,6 +156,14 @@ class QueueHandlers:
         """SetAccountAttributes: accepted and ignored (polymq has no logging bucket)."""
         call = await self._reader.read(request)
         return call.reply(204)
+
+
+def _sent_message(sent: Sent, *, with_group: bool) -> dict[str, Any]:
+    outgoing, result = sent
+    fields = {"MessageId": result.message_id, "MessageBodyMD5": body_md5(outgoing.message.body)}
+    if with_group and outgoing.message.message_group is not None:
+        fields["MessageGroupId"] = outgoing.message.message_group
+    return fields
 
 
 def _receipt_handles(root: str | None, document: Any) -> list[str]:

@@ -10,6 +10,7 @@ metadata store (kind ``mns.queue``).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 from collections.abc import Sequence
@@ -20,8 +21,16 @@ from gateway.processor import Caller, Processor
 from protocols.mns.attributes import QueueAttributes
 from protocols.mns.errors import MnsError
 from protocols.mns.messages import Outgoing, parse_message
+from protocols.mns.priority import (
+    DEFAULT_PRIORITY,
+    LEVELS,
+    levels_of,
+    priority_of,
+    queue_id_for,
+    refs_in_pop_order,
+)
 from protocols.mns.reclaim import RECLAIM_EVERY, Reclaimer
-from storage.errors import TopicAlreadyExists, TopicNotFound
+from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
 from storage.model import (
     UNLIMITED,
     AppendRequest,
@@ -32,7 +41,17 @@ from storage.model import (
     TopicConfig,
 )
 
-__all__ = ["QUEUE_KIND", "TOPIC_KIND", "QueueCounts", "QueueService", "check_name", "group_of"]
+__all__ = [
+    "QUEUE_KIND",
+    "TOPIC_KIND",
+    "QueueCounts",
+    "QueueService",
+    "Sent",
+    "check_name",
+    "group_of",
+    "queue_counts",
+    "storage_queues",
+]
 
 QUEUE_KIND = "mns.queue"
 TOPIC_KIND = "mns.topic"
@@ -75,6 +94,28 @@ def _group_config(attrs: QueueAttributes) -> GroupConfig:
     )
 
 
+async def storage_queues(processor: Processor, caller: Caller, name: str) -> tuple[QueueRef, ...]:
+    """The storage queues of an MNS queue, highest priority first."""
+    info = await processor.describe_topic(caller, name)
+    return refs_in_pop_order(caller.namespace, name, levels_of(info))
+
+
+async def queue_counts(processor: Processor, caller: Caller, name: str) -> QueueCounts:
+    """An MNS queue's counts summed over its priority levels: for GetQueueAttributes,
+    admin and metrics."""
+    active = inactive = delayed = 0
+    for ref in await storage_queues(processor, caller, name):
+        pending = await processor.pending_count(caller, group_of(name), ref)
+        inflight = await processor.inflight_count(caller, group_of(name), ref)
+        active += max(0, pending - inflight)
+        inactive += inflight
+        delayed += await processor.delayed_count(caller, ref)
+    return QueueCounts(active=active, inactive=inactive, delayed=delayed)
+
+
+Sent = tuple[Outgoing, AppendResult]
+
+
 class QueueService:
     def __init__(
         self, processor: Processor, *, max_message_bytes: int, reclaim_every: int = RECLAIM_EVERY
@@ -83,6 +124,9 @@ class QueueService:
         self._max_message_bytes = max_message_bytes
         self._reclaimer = Reclaimer(processor, every=reclaim_every)
         self._attributes: dict[tuple[str, str], tuple[Any, QueueAttributes]] = {}
+        # Set when an unprioritised queue grows its levels: its long polls (on its one
+        # storage queue) start over on all of them.
+        self._growth: dict[tuple[str, str], asyncio.Event] = {}
 
     def _now(self) -> int:
         return self._processor.clock.now_ms()
@@ -167,16 +211,14 @@ class QueueService:
             raise MnsError.queue_not_exist(target)
 
     async def counts(self, caller: Caller, name: str) -> QueueCounts:
-        """From the group's pop state; delayed messages (no offset until they are due)
-        from storage's count of those held for the queue."""
-        ref = QueueRef(caller.namespace, name)
-        pending = await self._processor.pending_count(caller, group_of(name), ref)
-        inflight = await self._processor.inflight_count(caller, group_of(name), ref)
-        delayed = await self._processor.delayed_count(caller, ref)
-        return QueueCounts(active=max(0, pending - inflight), inactive=inflight, delayed=delayed)
+        """From the group's pop state, summed over the priority levels; delayed
+        messages (no offset until they are due) from storage's count of those held."""
+        await self.attributes(caller, name)
+        return await queue_counts(self._processor, caller, name)
 
     async def delete(self, caller: Caller, name: str) -> None:
         self._reclaimer.forget(caller, name)
+        self._growth.pop((caller.namespace, name), None)
         await self._processor.meta_delete(caller, QUEUE_KIND, name)
         with contextlib.suppress(TopicNotFound):
             await self._processor.delete_topic(caller, name)
@@ -188,39 +230,70 @@ class QueueService:
 
     async def send(
         self, caller: Caller, name: str, documents: Sequence[Any]
-    ) -> list[tuple[Outgoing, AppendResult]]:
+    ) -> list[Sent | MnsError]:
         """Store one message or a batch (at most 16) with one append call: a batch
-        shares one group commit."""
+        shares one group commit. Per document: what was stored, or why that message
+        was refused (the others are stored all the same, as MNS does)."""
         if not documents:
             raise MnsError.invalid_argument("no message to send.")
         if len(documents) > _MAX_BATCH:
             raise MnsError.invalid_argument(f"a batch holds at most {_MAX_BATCH} messages.")
         attrs = await self.attributes(caller, name)
-        now = self._now()
-        limit = min(attrs.maximum_message_size, self._max_message_bytes)
-        outgoing = [
-            parse_message(
-                document,
-                now_ms=now,
-                default_delay_s=attrs.delay_seconds,
-                max_body_bytes=limit,
-                retention_s=attrs.message_retention_period,
-            )
-            for document in documents
-        ]
-        if attrs.fifo and any(o.message.message_group is None for o in outgoing):
-            raise MnsError.invalid_argument("a FIFO queue needs a MessageGroupId.")
-        ref = QueueRef(caller.namespace, name)
+        checked = [self._check_message(attrs, document) for document in documents]
+        outgoing = [o for o in checked if isinstance(o, Outgoing)]
+        levels = await self._levels_for(caller, name, attrs, outgoing)
         requests = [
             AppendRequest(
                 entry=o.message,
-                queues=(ref,),
+                queues=(
+                    QueueRef(
+                        caller.namespace,
+                        name,
+                        queue_id_for(priority_of(o.message), levels),
+                    ),
+                ),
                 dedup_key=f"{DEDUP_PREFIX}{name}:{o.dedup_id}" if o.dedup_id else None,
             )
             for o in outgoing
         ]
-        results = await self._processor.append(caller, requests)
-        return list(zip(outgoing, results, strict=True))
+        results = iter(await self._processor.append(caller, requests) if requests else [])
+        return [(o, next(results)) if isinstance(o, Outgoing) else o for o in checked]
+
+    async def _levels_for(
+        self, caller: Caller, name: str, attrs: QueueAttributes, outgoing: Sequence[Outgoing]
+    ) -> int:
+        """The queue's priority levels, grown from 1 to 16 storage queues by its first
+        message of another priority than the default (never for a FIFO queue, whose
+        groups keep their order, nor for another protocol's topic of several queues)."""
+        info = await self._processor.describe_topic(caller, name)
+        levels = levels_of(info)
+        if (
+            levels == 1
+            and not attrs.fifo
+            and len(info.queues) == 1
+            and any(priority_of(o.message) != DEFAULT_PRIORITY for o in outgoing)
+        ):
+            config = replace(info.config, queue_count=LEVELS)
+            levels = levels_of(await self._processor.alter_topic(caller, name, config))
+            grown = self._growth.pop((caller.namespace, name), None)
+            if grown is not None:
+                grown.set()
+        return levels
+
+    def _check_message(self, attrs: QueueAttributes, document: Any) -> Outgoing | MnsError:
+        try:
+            outgoing = parse_message(
+                document,
+                now_ms=self._now(),
+                default_delay_s=attrs.delay_seconds,
+                max_body_bytes=min(attrs.maximum_message_size, self._max_message_bytes),
+                retention_s=attrs.message_retention_period,
+            )
+        except MnsError as e:
+            return e
+        if attrs.fifo and outgoing.message.message_group is None:
+            return MnsError.invalid_argument("a FIFO queue needs a MessageGroupId.")
+        return outgoing
 
     async def receive(
         self, caller: Caller, name: str, *, count: int, wait_s: int | None
@@ -229,17 +302,92 @@ class QueueService:
         not given) for a message; MessageNotExist if none came."""
         attrs = await self.attributes(caller, name)
         wait = attrs.polling_wait_seconds if wait_s is None else wait_s
-        messages = await self._processor.pop(
+        deadline = self._now() + wait * 1000
+        invisible_ms = attrs.visibility_timeout * 1000
+        while True:
+            refs = await storage_queues(self._processor, caller, name)
+            if len(refs) > 1:
+                messages = await self._pop_by_priority(caller, name, refs, count, invisible_ms)
+                if messages:
+                    return messages
+                # A long poll over every level takes whichever comes first.
+                messages = await self._processor.pop(
+                    caller,
+                    group_of(name),
+                    refs,
+                    invisible_ms=invisible_ms,
+                    wait_ms=max(0, deadline - self._now()),
+                )
+            else:
+                popped = await self._pop_until_grown(caller, name, count, invisible_ms, deadline)
+                if popped is None:
+                    continue  # grown its levels meanwhile: wait on all of them
+                messages = popped
+            if not messages:
+                raise MnsError.message_not_exist()
+            return messages
+
+    async def _pop_until_grown(
+        self, caller: Caller, name: str, count: int, invisible_ms: int, deadline: int
+    ) -> list[StoredMessage] | None:
+        """Pop (long polling) from an unprioritised queue; ``None`` if it grew its
+        priority levels meanwhile (the pop is cancelled: storage gives back what a
+        cancelled pop took)."""
+        wait_ms = max(0, deadline - self._now())
+        popping = self._processor.pop(
             caller,
             group_of(name),
             [QueueRef(caller.namespace, name)],
             max_messages=count,
-            invisible_ms=attrs.visibility_timeout * 1000,
-            wait_ms=wait * 1000,
+            invisible_ms=invisible_ms,
+            wait_ms=wait_ms,
         )
-        if not messages:
-            raise MnsError.message_not_exist()
-        return messages
+        if wait_ms == 0:
+            return await popping
+        grown = self._growth.setdefault((caller.namespace, name), asyncio.Event())
+        pop = asyncio.ensure_future(popping)
+        growth = asyncio.ensure_future(grown.wait())
+        try:
+            await asyncio.wait((pop, growth), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            growth.cancel()
+            if not pop.done():
+                pop.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pop
+        return None if pop.cancelled() else pop.result()
+
+    async def _pop_by_priority(
+        self,
+        caller: Caller,
+        name: str,
+        refs: Sequence[QueueRef],
+        count: int,
+        invisible_ms: int,
+    ) -> list[StoredMessage]:
+        """What is visible now, highest priority first (one pop would rotate over the
+        levels). A cancel gives back what the levels before it handed out."""
+        got: list[StoredMessage] = []
+        try:
+            for ref in refs:
+                got += await self._processor.pop(
+                    caller,
+                    group_of(name),
+                    [ref],
+                    max_messages=count - len(got),
+                    invisible_ms=invisible_ms,
+                )
+                if len(got) >= count:
+                    break
+        except asyncio.CancelledError:
+            for message in got:
+                with contextlib.suppress(StorageError):
+                    if message.receipt is not None:
+                        await self._processor.change_invisibility(
+                            caller, group_of(name), message.receipt, 0
+                        )
+            raise
+        return got
 
     async def peek(self, caller: Caller, name: str, *, count: int) -> list[StoredMessage]:
         """Messages from the head of the queue (the first one not deleted) on, without
@@ -247,12 +395,18 @@ class QueueService:
         deleted out of order past the head are still shown until the head passes them
         (storage keeps no cheap per-offset view of them)."""
         await self.attributes(caller, name)
-        ref = QueueRef(caller.namespace, name)
-        start = await self._processor.consumed_below(caller, group_of(name), ref)
-        result = await self._processor.read(caller, ref, start, max_messages=count, metered=False)
-        if not result.messages:
+        found: list[StoredMessage] = []
+        for ref in await storage_queues(self._processor, caller, name):
+            start = await self._processor.consumed_below(caller, group_of(name), ref)
+            result = await self._processor.read(
+                caller, ref, start, max_messages=count - len(found), metered=False
+            )
+            found += result.messages
+            if len(found) >= count:
+                break
+        if not found:
             raise MnsError.message_not_exist()
-        return list(result.messages)
+        return found
 
     async def delete_message(self, caller: Caller, name: str, receipt: str) -> None:
         await self.attributes(caller, name)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from gateway.processor import Caller, Processor
+from protocols.mns.priority import levels_of, refs_in_pop_order
 from storage.errors import StorageError
 from storage.model import QueueRef
 
@@ -30,7 +31,8 @@ class Reclaimer:
         self._deletes: dict[tuple[str, str], int] = {}  # (namespace, queue): since last trim
 
     async def deleted(self, caller: Caller, queue: str, group: str, count: int) -> None:
-        """``count`` messages of ``queue`` were just deleted (acked) by ``group``."""
+        """``count`` messages of ``queue`` were just deleted (acked) by ``group``: every
+        priority level is trimmed."""
         if count <= 0:
             return
         key = (caller.namespace, queue)
@@ -40,13 +42,15 @@ class Reclaimer:
             return
         self._deletes[key] = 0
         try:
-            await self.reclaim(caller, queue, group)
+            info = await self._processor.describe_topic(caller, queue)
+            for ref in refs_in_pop_order(caller.namespace, queue, levels_of(info)):
+                await self.reclaim(caller, ref, group)
         except StorageError as e:  # the deletes stand; the next trim catches up
             log.warning("mns: could not reclaim queue %s/%s: %s", caller.namespace, queue, e)
 
-    async def reclaim(self, caller: Caller, queue: str, group: str) -> int:
-        """Trim the queue to the group's acked prefix now; returns the new start."""
-        ref = QueueRef(caller.namespace, queue)
+    async def reclaim(self, caller: Caller, ref: QueueRef, group: str) -> int:
+        """Trim one storage queue to the group's acked prefix now; returns the new
+        start."""
         below = await self._processor.consumed_below(caller, group, ref)
         offsets = await self._processor.queue_offsets(caller, ref)
         if below <= offsets.earliest:

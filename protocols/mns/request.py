@@ -232,6 +232,6 @@ def message_documents(root: str | None, document: Any) -> tuple[list[Any], bool]
         return [document], False
     else:
         raise MnsError.invalid_argument(f"expected <Message> or <Messages>, got <{root}>.")
-    if not isinstance(items, list):
-        raise MnsError.invalid_argument("Messages must be a list.")
+    if not isinstance(items, list) or not all(isinstance(item, Mapping) for item in items):
+        raise MnsError.invalid_argument("Messages must be a list of <Message> documents.")
     return items, True

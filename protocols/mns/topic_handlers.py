@@ -35,8 +35,7 @@ class TopicHandlers:
             "TopicName": topic,
             "MessageCount": await self._topics.message_count(call.caller, topic),
             "MaximumMessageSize": attrs.maximum_message_size,
-            # MNS keeps topic messages a day; ours follow the storage retention.
-            "MessageRetentionPeriod": 86400,
+            "MessageRetentionPeriod": attrs.message_retention_period,
             "CreateTime": attrs.create_time // 1000,
             "LastModifyTime": attrs.last_modify_time // 1000,
             "LoggingEnabled": attrs.logging_enabled,

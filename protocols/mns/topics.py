@@ -67,15 +67,24 @@ class TopicService:
             raise MnsError("TopicAlreadyExist", f"The topic {name} already exists.", 409)
         if await self._processor.meta_get(caller, QUEUE_KIND, name) is not None:
             raise MnsError("TopicAlreadyExist", f"A queue is named {name} already.", 409)
-        with contextlib.suppress(TopicAlreadyExists):
-            await self._processor.create_topic(caller, name, TopicConfig(queue_count=1))
+        try:
+            await self._processor.create_topic(caller, name, attrs.topic_config)
+        except TopicAlreadyExists:  # a topic half-created before a crash
+            await self._set_retention(caller, name, attrs)
         await self._processor.meta_put(caller, TOPIC_KIND, name, attrs.to_json())
         return True
 
     async def set_attributes(self, caller: Caller, name: str, document: Any) -> None:
         old = await self.attributes(caller, name)
         new = replace(old.updated(document), last_modify_time=self._now())
+        if new.message_retention_period != old.message_retention_period:
+            await self._set_retention(caller, name, new)
         await self._processor.meta_put(caller, TOPIC_KIND, name, new.to_json())
+
+    async def _set_retention(self, caller: Caller, name: str, attrs: TopicAttributes) -> None:
+        info = await self._processor.describe_topic(caller, name)
+        config = replace(info.config, retention_ms=attrs.topic_config.retention_ms)
+        await self._processor.alter_topic(caller, name, config)
 
     async def message_count(self, caller: Caller, name: str) -> int:
         offsets = await self._processor.queue_offsets(caller, QueueRef(caller.namespace, name))

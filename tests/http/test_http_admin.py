@@ -91,6 +91,28 @@ def test_internal_topics_are_listed_only_when_asked(server: LiveServer) -> None:
     assert names("&internal=true")["$mqtt.session.x"] is True
 
 
+def test_prioritised_queues_are_counted_over_every_level(
+    server: LiveServer, account: Account
+) -> None:
+    """A message with a priority other than the default lives in another storage queue
+    of the MNS queue's topic; admin and metrics must count all of them."""
+    queue = account.get_queue("ranked")
+    queue.create(QueueMeta())
+    for priority in (2, 8, 16):
+        message = Message(f"p{priority}")
+        message.set_priority(priority)
+        queue.send_message(message)
+    queue.receive_message(0)
+    base = endpoint(server)
+    groups = httpx.get(base + f"/admin/groups?namespace={NAMESPACE}", auth=ROOT).json()["groups"]
+    [group] = [g for g in groups if g["name"] == "mns.ranked"]
+    assert (group["queues"][0]["lag"], group["queues"][0]["inflight"]) == (3, 1)
+    text = httpx.get(base + "/metrics").text
+    labels = f'namespace="{NAMESPACE}",queue="ranked"'
+    assert f'polymq_mns_queue_messages{{{labels},state="active"}} 2.0' in text
+    assert f'polymq_mns_queue_messages{{{labels},state="inactive"}} 1.0' in text
+
+
 def test_accounts_never_show_secrets(server: LiveServer) -> None:
     response = httpx.get(endpoint(server) + "/admin/accounts", auth=ROOT)
     body = response.json()

@@ -285,3 +285,48 @@ def test_nasty_bodies_never_cause_server_errors(tmp_path: Path) -> None:
                     )
                     assert response.status_code < 500, (body, method, path, response.text)
         assert client.get("/healthz").status_code == 200
+
+
+def test_batch_send_stores_the_good_messages_and_names_each_failure(account: Account) -> None:
+    """MNS answers a batch with refused messages 500, one entry per message: the SDK
+    raises with the first error's code and every entry in ``sub_errors``."""
+    queue = account.get_queue("partial")
+    queue.create(QueueMeta(max_msg_size=1024))
+    batch = [
+        Message("first"),
+        Message("x" * 2048),  # base64 makes it longer still: over MaximumMessageSize
+        Message("late", delay_seconds=999_999),
+        Message("odd", priority=20),
+        Message("last"),
+    ]
+    with pytest.raises(MNSServerException) as err:
+        queue.batch_send_message(batch)
+    assert err.value.type == "MessageBodyTooLong"
+    entries = err.value.sub_errors
+    assert [e.get("ErrorCode") for e in entries] == [
+        None,
+        "MessageBodyTooLong",
+        "InvalidArgument",
+        "InvalidArgument",
+        None,
+    ]
+    stored_ids = [entries[0]["MessageId"], entries[4]["MessageId"]]
+    got = queue.batch_receive_message(16, 1)
+    assert [m.message_body for m in got] == [b"first", b"last"]
+    assert [m.message_id for m in got] == stored_ids
+
+
+def test_batch_send_with_every_message_refused_stores_nothing(server: LiveServer) -> None:
+    base = endpoint(server)
+    assert request(base, "PUT", "/queues/refused", f"<Queue {NS}/>".encode()).status_code == 201
+    body = (
+        f"<Messages {NS}><Message><MessageBody>a</MessageBody><DelaySeconds>-1</DelaySeconds>"
+        "</Message><Message><MessageBody>b</MessageBody><Priority>0</Priority></Message>"
+        "</Messages>"
+    ).encode()
+    response = request(base, "POST", "/queues/refused/messages", body)
+    assert response.status_code == 500
+    assert response.text.count("<ErrorCode>InvalidArgument</ErrorCode>") == 2
+    assert "<MessageId>" not in response.text
+    empty = request(base, "GET", "/queues/refused/messages?waitseconds=0")
+    assert empty.status_code == 404

@@ -65,8 +65,9 @@ def test_an_mns_message_is_a_model_message(server: LiveServer, account: Account)
     message.add_user_property("trace", MessagePropertyValue(PropertyType.STRING, "t-9"))
     queue.send_message(message)
 
+    # Priority 2 has a storage queue of its own (the default, 8, is queue 0).
     result = server.call(
-        lambda: server.gateway.processor.read(CALLER, QueueRef(NAMESPACE, "outbound"), 0)
+        lambda: server.gateway.processor.read(CALLER, QueueRef(NAMESPACE, "outbound", 2), 0)
     )
     [stored] = result.messages
     assert stored.message.body == b"plain text"

@@ -24,6 +24,7 @@ from protocols.mns.notify import push_group, push_topic
 from storage.model import QueueRef
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, NAMESPACE, SECRET_KEY, endpoint, start
+from tests.mns.signed import request
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -98,6 +99,37 @@ def test_topic_attributes_list_and_delete(account: Account) -> None:
     with pytest.raises(MNSServerException) as err:
         topic.get_attributes()
     assert err.value.type == "TopicNotExist"
+
+
+def test_topic_message_retention_period_is_kept_and_applied(
+    account: Account, server: LiveServer
+) -> None:
+    """The SDK cannot send MessageRetentionPeriod (it reads it back): raw signed
+    requests set it, and the topic's own storage keeps messages that long."""
+    base = endpoint(server)
+    ns = "xmlns='http://mns.aliyuncs.com/doc/v1/'"
+    doc = f"<Topic {ns}><MessageRetentionPeriod>3600</MessageRetentionPeriod></Topic>"
+    assert request(base, "PUT", "/topics/kept", doc.encode()).status_code == 201
+    topic = account.get_topic("kept")
+    assert topic.get_attributes().message_retention_period == 3600
+    processor = server.gateway.processor
+
+    def retention_ms() -> int | None:
+        caller = Caller(principal=ANONYMOUS, namespace=NAMESPACE, protocol="test")
+        info = server.call(lambda: processor.describe_topic(caller, "kept"))
+        return info.config.retention_ms
+
+    assert retention_ms() == 3_600_000
+    doc = f"<Topic {ns}><MessageRetentionPeriod>120</MessageRetentionPeriod></Topic>"
+    updated = request(base, "PUT", "/topics/kept?metaoverride=true", doc.encode())
+    assert updated.status_code == 204
+    assert topic.get_attributes().message_retention_period == 120
+    assert retention_ms() == 120_000
+    doc = f"<Topic {ns}><MessageRetentionPeriod>10</MessageRetentionPeriod></Topic>"
+    refused = request(base, "PUT", "/topics/kept?metaoverride=true", doc.encode())
+    assert refused.status_code == 400 and "InvalidArgument" in refused.text
+    assert account.get_topic("plain").create(TopicMeta())
+    assert account.get_topic("plain").get_attributes().message_retention_period == 86400
 
 
 def test_queue_subscriptions_get_one_stored_message_with_tag_filter(account: Account) -> None:
