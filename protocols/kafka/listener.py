@@ -11,7 +11,7 @@ from protocols.kafka.session import Broker
 __all__ = ["KafkaListener", "kafka_listener"]
 
 
-class KafkaListener:
+class KafkaListener(TcpListener):
     """A :class:`TcpListener` plus the broker state its connections share, which
     stops with it (the group coordinator's timers)."""
 
@@ -21,7 +21,7 @@ class KafkaListener:
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await serve_connection(self.broker, reader, writer)
 
-        self._tcp = TcpListener(
+        super().__init__(
             name=context.name,
             host=context.host,
             port=context.port,
@@ -30,23 +30,8 @@ class KafkaListener:
             protocol="kafka",
         )
 
-    @property
-    def name(self) -> str:
-        return self._tcp.name
-
-    @property
-    def port(self) -> int:
-        return self._tcp.port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._tcp.address
-
-    async def start(self) -> None:
-        await self._tcp.start()
-
     async def stop(self) -> None:
-        await self._tcp.stop()
+        await super().stop()
         await self.broker.close()
 
 

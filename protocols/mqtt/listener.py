@@ -13,7 +13,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from gateway.connections import TooManyConnections, current_connection_id, serving_connection
-from gateway.listeners import Listener, ListenerContext, TcpListener
+from gateway.listeners import ConnectionHandler, Listener, ListenerContext, TcpListener
 from protocols.mqtt.connection import MqttConnection
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.services import MqttServices, services_for
@@ -34,44 +34,31 @@ def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) 
         transport = TcpTransport(reader, writer)
         return MqttConnection(services, transport, current_connection_id()).run()
 
-    return _MqttTcpListener(
-        TcpListener(
+    return _MqttTcpListener(context, services, handle)
+
+
+class _MqttTcpListener(TcpListener):
+    """The TCP listener, which also starts and stops the brokers' background work."""
+
+    def __init__(
+        self, context: ListenerContext, services: MqttServices, handler: ConnectionHandler
+    ) -> None:
+        super().__init__(
             name=context.name,
             host=context.host,
             port=context.port,
-            handler=handle,
+            handler=handler,
             connections=context.connections,
             protocol="mqtt",
-        ),
-        services,
-    )
-
-
-class _MqttTcpListener:
-    """The TCP listener, which also stops the brokers' background work."""
-
-    def __init__(self, tcp: TcpListener, services: MqttServices) -> None:
-        self._tcp = tcp
+        )
         self._services = services
 
-    @property
-    def name(self) -> str:
-        return self._tcp.name
-
-    @property
-    def port(self) -> int:
-        return self._tcp.port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._tcp.address
-
     async def start(self) -> None:
-        await self._tcp.start()
+        await super().start()
         self._services.start()
 
     async def stop(self) -> None:
-        await self._tcp.stop()
+        await super().stop()
         await self._services.stop()
 
 
