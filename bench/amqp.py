@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import statistics
 import struct
 import threading
 import time
@@ -28,8 +27,10 @@ from functools import partial
 import pika
 
 from bench._server import Meter, add_target_options, server_under_test
+from bench._stats import p50_p99_ms
 
 SIZES = (100, 4096)
+
 PUBLISH_COUNT = 20_000
 CONFIRM_COUNT = 3_000
 LATENCY_RATE = 1_000
@@ -124,10 +125,8 @@ def latency(host: str, port: int, queue: str, size: int) -> tuple[float, float, 
         thread.join(LATENCY_SECONDS + 30)
     if not latencies:
         return 0.0, 0.0, 0
-    ordered = sorted(latencies)
-    p50 = statistics.median(ordered) * 1000
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-    return p50, p99, len(ordered)
+    p50, p99 = p50_p99_ms(latencies)
+    return p50, p99, len(latencies)
 
 
 def run(host: str, port: int, meter: Meter, label: str) -> None:

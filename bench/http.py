@@ -26,7 +26,6 @@ if str(_HERE.parent) not in sys.path:
 import argparse  # noqa: E402
 import asyncio  # noqa: E402
 import json  # noqa: E402
-import statistics  # noqa: E402
 import subprocess  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Awaitable, Callable  # noqa: E402
@@ -36,8 +35,10 @@ from typing import Any  # noqa: E402
 import httpx  # noqa: E402
 
 from bench._server import Meter, polymq_server  # noqa: E402
+from bench._stats import p50_p99_ms  # noqa: E402
 
 BODY = "x" * 256
+
 CONCURRENCY = 16  # keep-alive connections in all
 CLIENTS = 2  # client processes sharing them
 XMLNS = "http://mns.aliyuncs.com/doc/v1/"
@@ -54,9 +55,7 @@ class Row:
     rss_mib: float
 
     def line(self) -> str:
-        lat = sorted(self.latencies)
-        p50 = statistics.median(lat) * 1000 if lat else 0.0
-        p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000 if lat else 0.0
+        p50, p99 = p50_p99_ms(self.latencies)
         return (
             f"{self.scenario:<28} {self.msgs:>7} {self.msgs / self.seconds:>10.0f} "
             f"{self.requests / self.seconds:>9.0f} {p50:>8.2f} {p99:>8.2f} "

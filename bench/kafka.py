@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import statistics
 import struct
 import tempfile
 import threading
@@ -32,8 +31,10 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from bench._server import Meter, add_target_options, polymq_server
+from bench._stats import p50_p99_ms
 
 SIZES = (100, 1024)
+
 PRODUCE_COUNT = {100: 200_000, 1024: 100_000}
 LATENCY_RATE = 10_000
 LATENCY_SECONDS = 3.0
@@ -139,10 +140,8 @@ def latency(bootstrap: str, topic: str, size: int) -> tuple[float, float, int]:
     thread.join(LATENCY_SECONDS + 30)
     if not latencies:
         return 0.0, 0.0, 0
-    ordered = sorted(latencies)
-    p50 = statistics.median(ordered) * 1000
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-    return p50, p99, len(ordered)
+    p50, p99 = p50_p99_ms(latencies)
+    return p50, p99, len(latencies)
 
 
 def run(bootstrap: str, meter: Meter, produce_counts: dict[int, int]) -> list[str]:

@@ -24,7 +24,6 @@ import os
 import resource
 import shutil
 import socket
-import statistics
 import struct
 import subprocess
 import tempfile
@@ -46,6 +45,7 @@ from bench._server import (
     process_server,
     server_under_test,
 )
+from bench._stats import p50_p99_ms
 
 PAYLOAD = 100
 PUBLISH_COUNT = 20_000
@@ -228,12 +228,10 @@ def latency(host: str, port: int) -> tuple[float, float, int]:
         pub.publish("lat/t", b"T" + struct.pack(">d", time.perf_counter()) + pad, 0)
     counter.wait(total, SCENARIO_LIMIT_S)
     _stop(pub, sub)
-    lat = sorted(counter.latencies)
-    if not lat:
+    if not counter.latencies:
         return 0.0, 0.0, 0
-    p50 = statistics.median(lat) * 1000
-    p99 = lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000
-    return p50, p99, len(lat)
+    p50, p99 = p50_p99_ms(counter.latencies)
+    return p50, p99, len(counter.latencies)
 
 
 def idle_connections(host: str, port: int, meter: Meter, wanted: int) -> Row:

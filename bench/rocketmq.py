@@ -18,7 +18,6 @@ import argparse
 import contextlib
 import logging
 import os
-import statistics
 import struct
 import threading
 import time
@@ -29,8 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from bench._server import Meter, add_target_options, server_under_test
+from bench._stats import p50_p99_ms
 
 SIZES = (100, 4096)
+
 SYNC_COUNT = 3_000
 ASYNC_COUNT = 10_000
 ASYNC_WINDOW = 256
@@ -149,10 +150,8 @@ def latency(endpoint: str, topic: str, size: int, rate: int) -> tuple[float, flo
             done.wait(LATENCY_SECONDS + 30)
     if not latencies:
         return 0.0, 0.0, 0
-    ordered = sorted(latencies)
-    p50 = statistics.median(ordered) * 1000
-    p99 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1000
-    return p50, p99, len(ordered)
+    p50, p99 = p50_p99_ms(latencies)
+    return p50, p99, len(latencies)
 
 
 def run(host: str, port: int, meter: Meter, label: str) -> None:

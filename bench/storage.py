@@ -19,7 +19,6 @@ import contextlib
 import gc
 import itertools
 import json
-import math
 import os
 import resource
 import shutil
@@ -40,6 +39,7 @@ sys.path[:] = [p for p in sys.path if Path(p or os.curdir).resolve() != _HERE]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench._stats import percentile  # noqa: E402
 from storage.engine import Durability, Engine, EngineConfig  # noqa: E402
 from storage.model import (  # noqa: E402
     DEFAULT_NAMESPACE,
@@ -276,14 +276,6 @@ def rss_bytes() -> int:
         return int(psutil.Process().memory_info().rss)
     with open("/proc/self/statm", encoding="ascii") as handle:  # pragma: no cover
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def percentile(sorted_values: Sequence[float], fraction: float) -> float:
-    """Nearest-rank percentile of an ascending sequence (0.0 if empty)."""
-    if not sorted_values:
-        return 0.0
-    rank = max(1, math.ceil(fraction * len(sorted_values)))
-    return sorted_values[min(rank, len(sorted_values)) - 1]
 
 
 def progress(text: str) -> None:
