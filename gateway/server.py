@@ -4,6 +4,7 @@ listener; stopped cleanly by SIGINT or SIGTERM."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -58,6 +59,11 @@ async def serve(
                 log.info("listener %s (port %d): not built yet, not listening", name, port)
             if not len(gateway.listeners):
                 log.warning("no protocol listeners are built yet: serving storage only")
+            # What start-up created (the protocol libraries' modules, storage's indexes
+            # loaded from a checkpoint) lives as long as the process: keep it out of
+            # the garbage collector's full passes, which would otherwise rescan it
+            # over and over while messages flow.
+            gc.freeze()
             log.info("ready (pid %d)", os.getpid())
             await stop.wait()
             log.info("stopping")
