@@ -30,6 +30,7 @@ __all__ = [
     "AmqpConfig",
     "AuthConfig",
     "AuthMode",
+    "ClusterConfig",
     "ConfigError",
     "DurabilityMode",
     "GatewayConfig",
@@ -40,6 +41,9 @@ __all__ = [
     "ListenersConfig",
     "LogLevel",
     "MqttConfig",
+    "NameserverConfig",
+    "NavigationConfig",
+    "NodeConfig",
     "RocketMQConfig",
     "ServerConfig",
     "StorageConfig",
@@ -183,6 +187,43 @@ class HttpConfig:
     max_date_skew_s: int = 900
 
 
+# -- the separated form (DESIGN.md section 4; docs/cluster.md) ----------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterConfig:
+    """A gateway in Cluster mode, and a storage node: where the nameservers and the
+    navigation service are. Empty ``nameservers`` is the merged form."""
+
+    nameservers: tuple[str, ...] = ()  # "host:port" each; nodes report to all of them
+    navigation: str = ""  # base URL, e.g. http://127.0.0.1:8090
+    zone: str = "default"  # the network/zone a gateway registers under
+    gateway_id: str = ""  # empty: host and port of the first listener
+    advertised_host: str = ""  # what clients are told to dial; empty: server.host
+    heartbeat_ms: int = 1000  # storage nodes to nameservers, gateways to navigation
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    """``polymq storage``: a storage node serving the embedded engine to gateways."""
+
+    port: int = 10911
+    node_id: str = ""  # empty: the engine's own id, kept in its data directory
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NameserverConfig:
+    port: int = 9876
+    # A node silent this long is dropped from routes (RocketMQ: 120 s at 30 s beats).
+    node_expiry_ms: int = 10_000
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NavigationConfig:
+    port: int = 8090
+    gateway_expiry_ms: int = 10_000
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -195,6 +236,10 @@ class GatewayConfig:
     mqtt: MqttConfig = field(default_factory=MqttConfig)
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    node: NodeConfig = field(default_factory=NodeConfig)
+    nameserver: NameserverConfig = field(default_factory=NameserverConfig)
+    navigation: NavigationConfig = field(default_factory=NavigationConfig)
 
 
 # -- loading -------------------------------------------------------------------------
@@ -410,6 +455,20 @@ def _validate(config: GatewayConfig) -> None:
     positive("storage.retention_bytes", s.retention_bytes)
     positive("limits.max_connections", config.limits.max_connections)
     positive("limits.max_frame_bytes", config.limits.max_frame_bytes)
+    positive("cluster.heartbeat_ms", config.cluster.heartbeat_ms)
+    positive("nameserver.node_expiry_ms", config.nameserver.node_expiry_ms)
+    positive("navigation.gateway_expiry_ms", config.navigation.gateway_expiry_ms)
+    for where, port in (
+        ("node.port", config.node.port),
+        ("nameserver.port", config.nameserver.port),
+        ("navigation.port", config.navigation.port),
+    ):
+        if not 0 <= port <= 65535:
+            raise ConfigError(f"{where!r} must be 0..65535, got {port}")
+    for i, address in enumerate(config.cluster.nameservers):
+        host, _, port_text = address.rpartition(":")
+        if not host or not port_text.isdigit():
+            raise ConfigError(f"'cluster.nameservers[{i}]' must be host:port, got {address!r}")
 
     for i, ns in enumerate(config.server.namespaces):
         if not ns:

@@ -16,6 +16,7 @@ from typing import Self
 from gateway.accounts import Accounts
 from gateway.config import GatewayConfig, engine_config
 from gateway.connections import ConnectionRegistry
+from gateway.directory import GatewayDirectory, SingleGateway
 from gateway.listeners import (
     Listener,
     ListenerContext,
@@ -51,6 +52,7 @@ class Gateway:
         storage: StorageAPI,
         clock: Clock | None = None,
         listener_factories: Mapping[str, ListenerFactory] | None = None,
+        directory: GatewayDirectory | None = None,
     ) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
@@ -63,6 +65,11 @@ class Gateway:
             clock=self.clock,
         )
         self.processor = Processor(storage, self.accounts, self.metering, self.clock)
+        self.directory: GatewayDirectory = directory or SingleGateway(
+            config.cluster.gateway_id or "gateway",
+            {name: listener.port for name, listener in config.listeners.items()},
+            config.cluster.advertised_host,
+        )
         factories = protocol_listeners() if listener_factories is None else listener_factories
         self.listeners = ListenerSet(self._build_listeners(factories))
         # Enabled in the config but no protocol serves them yet: reported at start-up.
@@ -109,6 +116,7 @@ class Gateway:
                 metering=self.metering,
                 connections=self.connections,
                 clock=self.clock,
+                directory=self.directory,
             )
             built.append(factory(context))
         return built
@@ -125,6 +133,10 @@ class Gateway:
                 with contextlib.suppress(NamespaceAlreadyExists):
                     await self.storage.create_namespace(namespace)
             await self.listeners.start()
+            if isinstance(self.directory, SingleGateway):
+                for listener in self.listeners:
+                    if listener.address is not None:
+                        self.directory.set_port(listener.name, listener.address[1])
         except BaseException:
             await self.close()
             raise

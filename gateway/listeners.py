@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Protocol, Self
 from gateway.accounts import Accounts
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
+from gateway.directory import GatewayDirectory
 from gateway.metering import Metering
 from storage.clock import Clock
 
@@ -68,6 +69,9 @@ class ListenerContext:
     metering: Metering
     connections: ConnectionRegistry
     clock: Clock
+    # The live gateways per protocol (Kafka Metadata, RocketMQ routes): only this one
+    # in the merged form.
+    directory: GatewayDirectory
 
 
 ListenerFactory = Callable[[ListenerContext], Listener]

@@ -21,6 +21,7 @@ __all__ = [
     "StorageClosed",
     "StorageError",
     "StorageFailed",
+    "StorageUnavailable",
     "TopicAlreadyExists",
     "TopicNotFound",
     "TransactionNotFound",
@@ -104,6 +105,16 @@ class StorageFailed(StorageError):
     code = "storage_failed"
 
 
+class StorageUnavailable(StorageError):
+    """The storage node that owns the resource cannot be reached right now (separated
+    form: the node is down, restarting, or not yet registered with a nameserver). The
+    request did not take effect, or, for an append spread over several nodes, may have
+    taken effect on some of them: retry it, with its dedup key when it has one.
+    Adapters answer with their protocol's retryable error."""
+
+    code = "storage_unavailable"
+
+
 _BY_CODE: dict[str, type[StorageError]] = {
     cls.code: cls
     for cls in (
@@ -122,6 +133,7 @@ _BY_CODE: dict[str, type[StorageError]] = {
         TransactionNotFound,
         StorageClosed,
         StorageFailed,
+        StorageUnavailable,
     )
 }
 
