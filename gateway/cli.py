@@ -1,6 +1,7 @@
-"""The ``polymq`` command. ``polymq run`` (the default) starts the merged server; the
-other subcommands are the separated form's processes, listed already so ``--help``
-shows the whole shape, and honest about not being built yet."""
+"""The ``polymq`` command. ``polymq run`` (the default) starts the merged server;
+``storage``, ``nameserver``, ``navigation`` and ``gateway`` are the separated form's
+processes (docs/cluster.md), ``cluster up``/``cluster status`` start and inspect them
+all on one machine, and ``conformance`` checks any server against the protocols."""
 
 from __future__ import annotations
 
@@ -29,16 +30,6 @@ underscores between parts, e.g. {ENV_PREFIX}STORAGE__DATA_DIR=/var/lib/polymq or
 docs/configuration.md and, with its default, in polymq.example.toml.
 
 With no subcommand, polymq runs the merged server ("polymq run")."""
-
-# Subcommands of the separated form (DESIGN.md section 4): listed, not built yet.
-_PLACEHOLDERS: Mapping[str, tuple[str, str]] = {
-    "storage": ("run a storage node (separated form)", "issue 8"),
-    "nameserver": ("run a nameserver: storage nodes register, routes are served", "issue 8"),
-    "navigation": ("run the navigation service: where should a client connect", "issue 8"),
-    "gateway": ("run a gateway over remote storage (--cluster NAMESERVER)", "issue 8"),
-    "cluster": ("'cluster up': start storage, nameserver, navigation, gateway", "issue 8"),
-    "conformance": ("run the cross-protocol conformance suite against --target", "issue 9"),
-}
 
 _LISTENER_LABELS: Mapping[str, str] = {
     "kafka": "Kafka",
@@ -75,50 +66,178 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument(
+    _common_flags(run)
+    _gateway_flags(run, merged=True)
+
+    storage = commands.add_parser(
+        "storage",
+        help="run a storage node (separated form)",
+        description="Serve the embedded storage engine to gateways over the network, "
+        "registered with every nameserver.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_flags(storage)
+    storage.add_argument("--data-dir", type=Path, metavar="DIR", help="storage directory [./data]")
+    storage.add_argument("--durability", choices=("sync", "async"), help="[sync]")
+    storage.add_argument("--port", type=int, metavar="PORT", help="node port [10911]")
+    storage.add_argument("--node-id", metavar="ID", help="name in routes [the engine's own id]")
+    _nameserver_flag(storage)
+
+    nameserver = commands.add_parser(
+        "nameserver",
+        help="run a nameserver: storage nodes register, gateways ask for routes",
+        description="Keep the live storage nodes and which node serves each topic, from "
+        "the nodes' heartbeats (soft state: a restart rebuilds it from the next beats).",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_flags(nameserver)
+    nameserver.add_argument("--port", type=int, metavar="PORT", help="[9876]")
+
+    navigation = commands.add_parser(
+        "navigation",
+        help="run the navigation service: which gateway should a client use",
+        description="Gateways register their endpoints and load; clients and gateways "
+        "ask GET /v1/endpoints?protocol=...",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_flags(navigation)
+    navigation.add_argument("--port", type=int, metavar="PORT", help="[8090]")
+
+    gateway = commands.add_parser(
+        "gateway",
+        help="run a gateway over remote storage nodes (separated form)",
+        description="Serve every protocol like 'polymq run', over the storage nodes the "
+        "nameservers know, registered with the navigation service.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_flags(gateway)
+    _gateway_flags(gateway, merged=False)
+    _nameserver_flag(gateway)
+    gateway.add_argument("--navigation", metavar="URL", help="navigation base URL")
+    gateway.add_argument("--zone", metavar="ZONE", help="zone to register under [default]")
+    gateway.add_argument("--gateway-id", metavar="ID", help="name in navigation [host:port]")
+    gateway.add_argument("--advertised-host", metavar="HOST", help="host clients dial [--host]")
+
+    cluster = commands.add_parser(
+        "cluster",
+        help="'cluster up': the separated form on this machine; 'cluster status'",
+        description="Start (up) or inspect (status) a separated-form cluster of local processes.",
+    )
+    actions = cluster.add_subparsers(dest="action", metavar="ACTION", required=True)
+    up = actions.add_parser(
+        "up",
+        help="start a nameserver, navigation, storage nodes and gateways; Ctrl-C stops all",
+    )
+    up.add_argument("--storage", type=int, default=3, metavar="N", help="storage nodes [3]")
+    up.add_argument("--gateways", type=int, default=2, metavar="M", help="gateways [2]")
+    up.add_argument(
+        "--data-dir",
+        type=Path,
+        default=Path("cluster-data"),
+        metavar="DIR",
+        help="one folder per storage node under it [./cluster-data]",
+    )
+    up.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="[127.0.0.1]")
+    up.add_argument(
+        "--port-offset",
+        type=int,
+        default=100,
+        metavar="K",
+        help="gateway i listens on the default ports + i*K, node i on 10911 + i*10 [100]",
+    )
+    up.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    status = actions.add_parser("status", help="nodes, gateways, topic placement, health")
+    status.add_argument(
+        "--nameserver", default="127.0.0.1:9876", metavar="HOST:PORT", help="[127.0.0.1:9876]"
+    )
+    status.add_argument(
+        "--navigation",
+        default="http://127.0.0.1:8090",
+        metavar="URL",
+        help="[http://127.0.0.1:8090]",
+    )
+
+    conformance = commands.add_parser(
+        "conformance",
+        help="run the conformance suite and interop matrix against --target",
+        add_help=False,
+    )
+    conformance.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _common_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
         "--config",
         type=Path,
         metavar="PATH",
         help=f"TOML config file (default: ${ENV_PREFIX}CONFIG if set, else none)",
     )
-    run.add_argument("--data-dir", type=Path, metavar="DIR", help="storage directory [./data]")
-    run.add_argument(
-        "--durability",
-        choices=("sync", "async"),
-        help="sync: fsync before acknowledging; async: fsync every flush interval [sync]",
+    parser.add_argument("--host", metavar="ADDR", help="address to bind [127.0.0.1]")
+    parser.add_argument(
+        "--log-level", choices=("debug", "info", "warning", "error"), help="logging level [info]"
     )
-    run.add_argument("--host", metavar="ADDR", help="address every listener binds [127.0.0.1]")
+
+
+def _gateway_flags(parser: argparse.ArgumentParser, *, merged: bool) -> None:
+    """The listener ports and, for the merged server, its storage."""
+    if merged:
+        parser.add_argument(
+            "--data-dir", type=Path, metavar="DIR", help="storage directory [./data]"
+        )
+        parser.add_argument(
+            "--durability",
+            choices=("sync", "async"),
+            help="sync: fsync before acknowledging; async: fsync every flush interval [sync]",
+        )
     for name, listener in GatewayConfig().listeners.items():
-        run.add_argument(
+        parser.add_argument(
             f"--{name.replace('_', '-')}-port",
             type=int,
             metavar="PORT",
             dest=f"{name}_port",
             help=f"{_LISTENER_LABELS[name]} port, 0 for any free one [{listener.port}]",
         )
-    run.add_argument(
-        "--log-level", choices=("debug", "info", "warning", "error"), help="logging level [info]"
+
+
+def _nameserver_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nameserver",
+        metavar="HOST:PORT[,...]",
+        help="nameservers (comma-separated) [cluster.nameservers]",
     )
 
-    for name, (summary, issue) in _PLACEHOLDERS.items():
-        stub = commands.add_parser(
-            name,
-            help=f"{summary} [not built yet]",
-            description=f"{summary}. Not built yet ({issue}).",
-        )
-        stub.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    return parser
+
+# Flag (argparse dest) -> config key, for every command that has the flag.
+_FLAG_KEYS: Mapping[str, str] = {
+    "data_dir": "storage.data_dir",
+    "durability": "storage.durability",
+    "host": "server.host",
+    "log_level": "server.log_level",
+    "nameserver": "cluster.nameservers",
+    "navigation": "cluster.navigation",
+    "zone": "cluster.zone",
+    "gateway_id": "cluster.gateway_id",
+    "advertised_host": "cluster.advertised_host",
+    "node_id": "node.node_id",
+    **{f"{name}_port": f"listeners.{name}.port" for name in LISTENER_NAMES},
+}
+
+_PORT_KEYS: Mapping[str, str] = {
+    "storage": "node.port",
+    "nameserver": "nameserver.port",
+    "navigation": "navigation.port",
+}
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    overrides: dict[str, Any] = {
-        "storage.data_dir": args.data_dir,
-        "storage.durability": args.durability,
-        "server.host": args.host,
-        "server.log_level": args.log_level,
-    }
-    for name in LISTENER_NAMES:
-        overrides[f"listeners.{name}.port"] = getattr(args, f"{name}_port")
+    overrides = {key: getattr(args, flag, None) for flag, key in _FLAG_KEYS.items()}
+    if args.command in _PORT_KEYS:
+        overrides[_PORT_KEYS[args.command]] = args.port
     return overrides
 
 
@@ -127,12 +246,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     env = os.environ if env is None else env
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
-    args = build_parser().parse_args(argv)
+    if argv[0] == "conformance":  # its own parser, its own --help
+        from conformance.cli import main as conformance
 
-    if args.command in _PLACEHOLDERS:
-        _, issue = _PLACEHOLDERS[args.command]
-        print(f"polymq {args.command}: not built yet ({issue})", file=sys.stderr)
-        return 2
+        return conformance(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command == "cluster":
+        from gateway import cluster_tool
+
+        if args.action == "up":
+            return cluster_tool.up(args)
+        return cluster_tool.status(args)
 
     env_file = env.get(f"{ENV_PREFIX}CONFIG")
     path = args.config or (Path(env_file) if env_file else None)
@@ -141,7 +265,41 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as e:
         print(f"polymq: configuration error: {e}", file=sys.stderr)
         return 2
+    return _serve(args.command, config)
 
-    from gateway.server import run  # the server pulls in the engine; --help need not
 
-    return run(config)
+def _serve(command: str, config: GatewayConfig) -> int:
+    """Run one process of either form in the foreground. The imports stay here: each
+    pulls in only what its process needs, and ``--help`` none of it."""
+    from gateway.server import run, run_foreground
+
+    if command == "run":
+        return run(config)
+    if command == "gateway":
+        if not config.cluster.nameservers:
+            print("polymq gateway: give --nameserver (or cluster.nameservers)", file=sys.stderr)
+            return 2
+        return run(config, cluster=True)
+    if command == "storage":
+        from storage.node import serve_node
+
+        return run_foreground(
+            lambda stop: serve_node(config, stop),
+            log_level=config.server.log_level,
+            what="polymq storage node starting (",
+        )
+    if command == "nameserver":
+        from nameserver.server import serve_nameserver
+
+        return run_foreground(
+            lambda stop: serve_nameserver(config, stop),
+            log_level=config.server.log_level,
+            what="polymq nameserver starting (",
+        )
+    from navigation.app import serve_navigation
+
+    return run_foreground(
+        lambda stop: serve_navigation(config, stop),
+        log_level=config.server.log_level,
+        what="polymq navigation starting (",
+    )

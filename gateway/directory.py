@@ -13,7 +13,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-__all__ = ["GatewayDirectory", "GatewayEndpoint", "SingleGateway", "owner_of"]
+__all__ = [
+    "GatewayDirectory",
+    "GatewayEndpoint",
+    "RegisteredDirectory",
+    "SingleGateway",
+    "owner_of",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -45,6 +51,16 @@ class GatewayDirectory(Protocol):
     def self_id(self) -> str: ...
 
     def endpoints(self, protocol: str) -> Sequence[GatewayEndpoint]: ...
+
+
+@runtime_checkable
+class RegisteredDirectory(GatewayDirectory, Protocol):
+    """A directory this gateway registers itself with: started once the listeners
+    are bound, closed (deregistered) before they stop."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
 
 
 class SingleGateway:

@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
 from gateway.accounts import Accounts
 from gateway.config import GatewayConfig, engine_config
 from gateway.connections import ConnectionRegistry
-from gateway.directory import GatewayDirectory, SingleGateway
+from gateway.directory import (
+    GatewayDirectory,
+    GatewayEndpoint,
+    RegisteredDirectory,
+    SingleGateway,
+)
 from gateway.listeners import (
     Listener,
     ListenerContext,
@@ -52,7 +57,7 @@ class Gateway:
         storage: StorageAPI,
         clock: Clock | None = None,
         listener_factories: Mapping[str, ListenerFactory] | None = None,
-        directory: GatewayDirectory | None = None,
+        directory: GatewayDirectory | Callable[[Gateway], GatewayDirectory] | None = None,
     ) -> None:
         self.config = config
         self.clock: Clock = clock or SystemClock()
@@ -65,11 +70,14 @@ class Gateway:
             clock=self.clock,
         )
         self.processor = Processor(storage, self.accounts, self.metering, self.clock)
-        self.directory: GatewayDirectory = directory or SingleGateway(
-            config.cluster.gateway_id or "gateway",
-            {name: listener.port for name, listener in config.listeners.items()},
-            config.cluster.advertised_host,
-        )
+        # A factory when the directory needs the gateway itself (its endpoints, load).
+        if isinstance(directory, GatewayDirectory):
+            self.directory: GatewayDirectory = directory
+        elif directory is not None:
+            self.directory = directory(self)
+        else:
+            # Ports are filled in as the listeners bind (port 0 is any free one).
+            self.directory = SingleGateway(self.gateway_id, {}, config.cluster.advertised_host)
         factories = protocol_listeners() if listener_factories is None else listener_factories
         self.listeners = ListenerSet(self._build_listeners(factories))
         # Enabled in the config but no protocol serves them yet: reported at start-up.
@@ -96,9 +104,73 @@ class Gateway:
         return cls(config, storage=storage, clock=clock, listener_factories=listener_factories)
 
     @classmethod
-    def cluster(cls, config: GatewayConfig) -> Gateway:
-        """The separated form: remote storage nodes found through the nameserver."""
-        raise NotImplementedError("Cluster form: see issue 8")
+    def cluster(
+        cls,
+        config: GatewayConfig,
+        *,
+        clock: Clock | None = None,
+        listener_factories: Mapping[str, ListenerFactory] | None = None,
+    ) -> Gateway:
+        """The separated form: storage nodes found through the nameservers, this
+        gateway registered with navigation (when configured) so that Kafka Metadata
+        and RocketMQ routes name every live gateway."""
+        if not config.cluster.nameservers:
+            raise ValueError("the Cluster form needs cluster.nameservers (--nameserver)")
+        from nameserver.client import NameserverClient
+        from storage.cluster import ClusterStorage
+        from storage.remote import RemoteStorage
+
+        storage = ClusterStorage(
+            NameserverClient(config.cluster.nameservers),
+            lambda node: RemoteStorage(node.host, node.port),
+        )
+        directory: Callable[[Gateway], GatewayDirectory] | None = None
+        if config.cluster.navigation:
+            from navigation.directory import NavigationDirectory
+
+            def directory(gateway: Gateway) -> GatewayDirectory:
+                return NavigationDirectory(
+                    config.cluster.navigation,
+                    gateway_id=gateway.gateway_id,
+                    zone=config.cluster.zone,
+                    endpoints=gateway.own_endpoints,
+                    load=lambda: float(len(gateway.connections)),
+                    heartbeat_ms=config.cluster.heartbeat_ms,
+                )
+
+        return cls(
+            config,
+            storage=storage,
+            clock=clock,
+            listener_factories=listener_factories,
+            directory=directory,
+        )
+
+    @property
+    def gateway_id(self) -> str:
+        """This gateway's name in navigation: configured, or its advertised host and
+        the port of its first listener (unique on one machine, stable across restarts
+        when the ports are fixed)."""
+        if self.config.cluster.gateway_id:
+            return self.config.cluster.gateway_id
+        host = self.config.cluster.advertised_host or self.config.server.host
+        ports = [listener.port for _, listener in self.config.listeners.items() if listener.enabled]
+        return f"{host}:{ports[0] if ports else 0}"
+
+    def own_endpoints(self) -> dict[str, GatewayEndpoint]:
+        """Where clients reach this gateway, by protocol (listener name), once the
+        listeners are bound."""
+        host = self.config.cluster.advertised_host or self.config.server.host
+        return {
+            listener.name: GatewayEndpoint(
+                gateway_id=self.gateway_id,
+                host=host,
+                port=listener.address[1],
+                zone=self.config.cluster.zone,
+            )
+            for listener in self.listeners
+            if listener.address is not None
+        }
 
     def _build_listeners(self, factories: Mapping[str, ListenerFactory]) -> list[Listener]:
         built: list[Listener] = []
@@ -137,6 +209,8 @@ class Gateway:
                 for listener in self.listeners:
                     if listener.address is not None:
                         self.directory.set_port(listener.name, listener.address[1])
+            if isinstance(self.directory, RegisteredDirectory):
+                await self.directory.start()
         except BaseException:
             await self.close()
             raise
@@ -145,6 +219,8 @@ class Gateway:
         """Idempotent; each step runs even if an earlier one failed, so storage is
         always closed (and flushed) last."""
         try:
+            if isinstance(self.directory, RegisteredDirectory):
+                await self.directory.close()  # first: clients stop being sent here
             await self.listeners.stop()
             await self.connections.close_all()
         finally:

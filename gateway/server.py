@@ -1,5 +1,6 @@
-"""The merged server in the foreground: one process, embedded storage, every enabled
-listener; stopped cleanly by SIGINT or SIGTERM."""
+"""A server process in the foreground: the merged server (one process, embedded
+storage, every enabled listener), a gateway of the separated form, or any of the
+separated form's other services; stopped cleanly by SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -8,14 +9,15 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
+from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory
 from storage.errors import StorageError
 
-__all__ = ["configure_logging", "run", "serve"]
+__all__ = ["configure_logging", "run", "run_foreground", "serve"]
 
 log = logging.getLogger("polymq")
 
@@ -35,40 +37,46 @@ async def serve(
     *,
     stop: asyncio.Event | None = None,
     listener_factories: Mapping[str, ListenerFactory] | None = None,
+    cluster: bool = False,
 ) -> None:
-    """Run until ``stop`` is set or a stop signal arrives, then shut down in order.
+    """Run until ``stop`` is set, then shut down in order.
 
     Logs one line per fact an operator checks first (data dir, durability, each
     listener's bound address) and ``ready`` once every listener accepts connections.
     """
     stop = stop or asyncio.Event()
-    gateway = Gateway.local(config, listener_factories=listener_factories)
-    log.info(
-        "storage: embedded engine, data dir %s, durability %s",
-        config.storage.data_dir.resolve(),
-        config.storage.durability,
-    )
-    remove_handlers = _on_stop_signals(stop)
-    try:
-        async with gateway:
-            for listener in gateway.listeners:
-                host, port = listener.address or (config.server.host, listener.port)
-                log.info("listener %s: %s:%d", listener.name, host, port)
-            for name in gateway.unbuilt:
-                port = getattr(config.listeners, name).port
-                log.info("listener %s (port %d): not built yet, not listening", name, port)
-            if not len(gateway.listeners):
-                log.warning("no protocol listeners are built yet: serving storage only")
-            # What start-up created (the protocol libraries' modules, storage's indexes
-            # loaded from a checkpoint) lives as long as the process: keep it out of
-            # the garbage collector's full passes, which would otherwise rescan it
-            # over and over while messages flow.
-            gc.freeze()
-            log.info("ready (pid %d)", os.getpid())
-            await stop.wait()
-            log.info("stopping")
-    finally:
-        remove_handlers()
+    if cluster:
+        gateway = Gateway.cluster(config, listener_factories=listener_factories)
+        log.info(
+            "storage: storage nodes through nameserver(s) %s; navigation %s; gateway id %s",
+            ", ".join(config.cluster.nameservers),
+            config.cluster.navigation or "none",
+            gateway.gateway_id,
+        )
+    else:
+        gateway = Gateway.local(config, listener_factories=listener_factories)
+        log.info(
+            "storage: embedded engine, data dir %s, durability %s",
+            config.storage.data_dir.resolve(),
+            config.storage.durability,
+        )
+    async with gateway:
+        for listener in gateway.listeners:
+            host, port = listener.address or (config.server.host, listener.port)
+            log.info("listener %s: %s:%d", listener.name, host, port)
+        for name in gateway.unbuilt:
+            port = getattr(config.listeners, name).port
+            log.info("listener %s (port %d): not built yet, not listening", name, port)
+        if not len(gateway.listeners):
+            log.warning("no protocol listeners are built yet: serving storage only")
+        # What start-up created (the protocol libraries' modules, storage's indexes
+        # loaded from a checkpoint) lives as long as the process: keep it out of
+        # the garbage collector's full passes, which would otherwise rescan it
+        # over and over while messages flow.
+        gc.freeze()
+        log.info("ready (pid %d)", os.getpid())
+        await stop.wait()
+        log.info("stopping")
     log.info("stopped")
 
 
@@ -97,9 +105,27 @@ def _on_stop_signals(stop: asyncio.Event) -> Callable[[], None]:
     return remove
 
 
-def run(config: GatewayConfig) -> int:
-    """Serve in the foreground on uvloop when installed; the process exit code."""
-    configure_logging(config.server.log_level)
+def run(config: GatewayConfig, *, cluster: bool = False) -> int:
+    """The merged server (or, with ``cluster``, a gateway of the separated form) in the
+    foreground; the process exit code."""
+    form = "separated form: gateway" if cluster else "merged form"
+    return run_foreground(
+        lambda stop: serve(config, stop=stop, cluster=cluster),
+        log_level=config.server.log_level,
+        what=f"polymq starting ({form}",
+    )
+
+
+def run_foreground(
+    main: Callable[[asyncio.Event], Coroutine[Any, Any, None]],
+    *,
+    log_level: str,
+    what: str,
+) -> int:
+    """Run ``main(stop)`` on uvloop when installed, ``stop`` set by SIGINT/SIGTERM; the
+    process exit code: 1 when it cannot start (a port taken, a data dir not writable).
+    ``what`` opens the first log line; the event loop's name closes it."""
+    configure_logging(log_level)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
@@ -107,12 +133,19 @@ def run(config: GatewayConfig) -> int:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         pass
-    log.info(
-        "polymq starting (merged form, %s event loop)", "uvloop" if loop_factory else "asyncio"
-    )
+    log.info("%s, %s event loop)", what, "uvloop" if loop_factory else "asyncio")
+
+    async def guarded() -> None:
+        stop = asyncio.Event()
+        remove_handlers = _on_stop_signals(stop)
+        try:
+            await main(stop)
+        finally:
+            remove_handlers()
+
     try:
         with asyncio.Runner(loop_factory=loop_factory) as runner:
-            runner.run(serve(config))
+            runner.run(guarded())
     except (OSError, StorageError) as e:  # a port taken, a data dir not writable
         log.error("cannot start: %s", e)
         return 1

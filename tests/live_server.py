@@ -21,10 +21,22 @@ from gateway.config import GatewayConfig, ListenerConfig, ListenersConfig, load_
 from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory, protocol_listeners
 
-__all__ = ["LiveServer", "live_server"]
+__all__ = ["LiveServer", "live_server", "server_form"]
 
 _T = TypeVar("_T")
 _START_TIMEOUT_S = 30.0
+_form = "merged"  # set per test module by tests/conftest.py
+
+
+@contextmanager
+def server_form(form: str) -> Iterator[None]:
+    """Make ``live_server`` start ``form`` ("merged" or "cluster") inside the block."""
+    global _form
+    before, _form = _form, form
+    try:
+        yield
+    finally:
+        _form = before
 
 
 class LiveServer:

@@ -11,7 +11,7 @@ import pytest
 from gateway.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
-PLACEHOLDERS = ("storage", "nameserver", "navigation", "gateway", "cluster", "conformance")
+COMMANDS = ("storage", "nameserver", "navigation", "gateway", "cluster", "conformance")
 FREE_PORTS = [
     f"--{name}-port=0" for name in ("kafka", "amqp", "mqtt", "mqtt-ws", "rocketmq", "http")
 ]
@@ -23,7 +23,7 @@ def test_help_lists_every_command(capsys: pytest.CaptureFixture[str]) -> None:
         main(["--help"])
     assert info.value.code == 0
     out = capsys.readouterr().out
-    for command in ("run", *PLACEHOLDERS):
+    for command in ("run", *COMMANDS):
         assert f"\n    {command}" in out
     assert "POLYMQ_STORAGE__DATA_DIR" in out
     assert "docs/configuration.md" in out
@@ -38,11 +38,47 @@ def test_run_help_lists_every_flag(capsys: pytest.CaptureFixture[str]) -> None:
     assert "[9092]" in out
 
 
-@pytest.mark.parametrize("command", PLACEHOLDERS)
-def test_placeholders_say_not_built_yet(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([command, "up", "--target", "x"], env={}) == 2
-    err = capsys.readouterr().err
-    assert f"polymq {command}: not built yet (" in err
+@pytest.mark.parametrize(
+    ("command", "flags"),
+    [
+        ("storage", ("--data-dir", "--port", "--node-id", "--nameserver", "--durability")),
+        ("nameserver", ("--port", "--host")),
+        ("navigation", ("--port", "--host")),
+        (
+            "gateway",
+            ("--nameserver", "--navigation", "--zone", "--advertised-host", "--kafka-port"),
+        ),
+    ],
+)
+def test_separated_form_commands_list_their_flags(
+    command: str, flags: tuple[str, ...], capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        main([command, "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (*flags, "--config", "--log-level"):
+        assert flag in out
+
+
+def test_gateway_without_nameservers_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["gateway"], env={}) == 2
+    assert "--nameserver" in capsys.readouterr().err
+
+
+def test_gateway_flags_reach_the_cluster_config() -> None:
+    from gateway.cli import _overrides, build_parser
+    from gateway.config import load_config
+
+    args = build_parser().parse_args(
+        ["gateway", "--nameserver", "a:1,b:2", "--navigation", "http://n:8090", "--zone", "z1"]
+    )
+    config = load_config(None, {}, _overrides(args))
+    assert config.cluster.nameservers == ("a:1", "b:2")
+    assert (config.cluster.navigation, config.cluster.zone) == ("http://n:8090", "z1")
+    args = build_parser().parse_args(["storage", "--port", "0", "--node-id", "n7"])
+    config = load_config(None, {}, _overrides(args))
+    assert (config.node.port, config.node.node_id) == (0, "n7")
 
 
 def test_configuration_error_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

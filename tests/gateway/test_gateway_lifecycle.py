@@ -114,9 +114,22 @@ async def test_disabled_listener_is_not_built(tmp_path: Path) -> None:
     assert "kafka" not in gateway.unbuilt
 
 
-def test_cluster_form_is_a_clear_seam() -> None:
-    with pytest.raises(NotImplementedError, match="Cluster form: see issue 8"):
+def test_cluster_form_needs_nameservers() -> None:
+    with pytest.raises(ValueError, match=r"cluster\.nameservers"):
         Gateway.cluster(GatewayConfig())
+
+
+async def test_merged_directory_names_this_gateway_on_its_bound_ports(tmp_path: Path) -> None:
+    cfg = config(tmp_path, CLUSTER__ADVERTISED_HOST="gw.example", CLUSTER__GATEWAY_ID="gw-1")
+    async with Gateway.local(cfg, listener_factories={"mqtt": echo_listener}) as gw:
+        mqtt = gw.listeners.get("mqtt")
+        assert mqtt is not None and mqtt.address is not None
+        (endpoint,) = gw.directory.endpoints("mqtt")
+        assert (endpoint.gateway_id, endpoint.host) == ("gw-1", "gw.example")
+        assert endpoint.port == mqtt.address[1] != 0
+        own = gw.own_endpoints()["mqtt"]
+        assert (own.gateway_id, own.host, own.port) == ("gw-1", "gw.example", endpoint.port)
+        assert gw.directory.endpoints("kafka") == ()
 
 
 async def test_local_form_over_the_real_engine(tmp_path: Path) -> None:
