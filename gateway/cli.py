@@ -296,7 +296,7 @@ def _serve(command: str, config: GatewayConfig) -> int:
             log_level=config.server.log_level,
             what="polymq nameserver starting (",
         )
-    from navigation.app import serve_navigation
+    from navigation.server import serve_navigation
 
     return run_foreground(
         lambda stop: serve_navigation(config, stop),

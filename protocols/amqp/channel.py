@@ -41,6 +41,7 @@ from storage.errors import (
     InvalidReceipt,
     MessageTooLarge,
     StorageError,
+    StorageUnavailable,
     TopicNotFound,
 )
 from storage.model import QueueRef, StoredMessage
@@ -273,6 +274,8 @@ class Channel:
             raise ChannelError(errors.PRECONDITION_FAILED, str(e), *_ids(method)) from e
         except AccessDenied as e:
             raise ChannelError(errors.ACCESS_REFUSED, str(e), *_ids(method)) from e
+        except StorageUnavailable as e:  # RabbitMQ: "home node of queue ... is down"
+            raise ChannelError(errors.NOT_FOUND, str(e), *_ids(method)) from e
         except StorageError as e:
             raise ConnectionError_(errors.INTERNAL_ERROR, str(e), *_ids(method)) from e
 

@@ -63,6 +63,7 @@ _STORAGE: dict[type[storage_errors.StorageError], tuple[str, int]] = {
     storage_errors.TopicNotFound: ("QueueNotExist", 404),
     storage_errors.QueueNotFound: ("QueueNotExist", 404),
     storage_errors.StorageClosed: ("ServiceUnavailable", 503),
+    storage_errors.StorageUnavailable: ("ServiceUnavailable", 503),
     storage_errors.StorageFailed: ("InternalError", 500),
 }
 

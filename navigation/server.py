@@ -1,0 +1,142 @@
+"""The navigation process: the FastAPI app on uvicorn, inside the caller's event loop.
+
+Run as the gateway's HTTP listener runs uvicorn (protocols/http/listener.py): the
+socket is bound here (so port 0 works and the address is known at once), uvicorn
+serves it as a task and stops through ``should_exit``; signals stay with the caller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import socket
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Self
+
+import uvicorn
+
+from gateway.config import GatewayConfig
+from navigation.app import build_app
+from navigation.registry import GatewayRegistry
+from storage.clock import Clock, SystemClock
+
+__all__ = ["NavigationServer", "serve_navigation"]
+
+log = logging.getLogger(__name__)
+
+_START_TIMEOUT_S = 10.0
+
+
+class _EmbeddedServer(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class NavigationServer:
+    """The navigation service's lifecycle (``async with``). ``port`` 0 picks a free
+    port (see :attr:`address`)."""
+
+    def __init__(
+        self,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        gateway_expiry_ms: int = 10_000,
+        clock: Clock | None = None,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.registry = GatewayRegistry(gateway_expiry_ms=gateway_expiry_ms)
+        self.app = build_app(self.registry, clock or SystemClock())
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._address: tuple[str, int] | None = None
+
+    @property
+    def address(self) -> tuple[str, int]:
+        if self._address is None:
+            raise RuntimeError("the navigation server is not started")
+        return self._address
+
+    @property
+    def url(self) -> str:
+        host, port = self.address
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    async def start(self) -> None:
+        if self._task is not None:
+            raise RuntimeError("the navigation server is already started")
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, self.port))
+            sock.listen(128)
+            sock.setblocking(False)
+        except OSError:
+            sock.close()
+            raise
+        config = uvicorn.Config(
+            self.app,
+            lifespan="off",
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            server_header=False,
+        )
+        server = _EmbeddedServer(config)
+        task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn navigation")
+        try:
+            async with asyncio.timeout(_START_TIMEOUT_S):
+                while not server.started:
+                    if task.done():
+                        await task  # raises what failed
+                        raise RuntimeError("navigation: uvicorn stopped at start-up")
+                    await asyncio.sleep(0.005)
+        except BaseException:
+            sock.close()
+            task.cancel()
+            raise
+        sockname = sock.getsockname()
+        self._address = (sockname[0], sockname[1])
+        self._server, self._task = server, task
+
+    async def close(self) -> None:
+        server, task = self._server, self._task
+        self._server = self._task = None
+        if server is None or task is None:
+            return
+        server.should_exit = True
+        try:
+            await task
+        finally:
+            self._address = None
+
+    async def __aenter__(self) -> Self:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+async def serve_navigation(config: GatewayConfig, stop: asyncio.Event) -> None:
+    """``polymq navigation``: serve until ``stop`` is set (signals are the caller's)."""
+    expiry_ms = config.navigation.gateway_expiry_ms
+    async with NavigationServer(
+        host=config.server.host, port=config.navigation.port, gateway_expiry_ms=expiry_ms
+    ) as navigation:
+        log.info("navigation: listening on %s, gateway expiry %d ms", navigation.url, expiry_ms)
+        log.info("ready")
+        await stop.wait()
+        log.info("stopping")
+    log.info("stopped")

@@ -1,0 +1,170 @@
+"""Gateways' directories against a real navigation server on a free port: they find
+each other, a clean stop is seen at once, a silent gateway drops out after the expiry,
+and without navigation a gateway lists itself alone."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Mapping
+
+import httpx
+import pytest
+
+from gateway.directory import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
+from navigation.directory import NavigationDirectory
+from navigation.server import NavigationServer
+
+WAIT_S = 10.0
+BEAT_MS = 50
+
+
+def listeners(gateway_id: str, **ports: int) -> Callable[[], Mapping[str, GatewayEndpoint]]:
+    def own() -> Mapping[str, GatewayEndpoint]:
+        return {
+            protocol: GatewayEndpoint(gateway_id=gateway_id, host="127.0.0.1", port=port)
+            for protocol, port in ports.items()
+        }
+
+    return own
+
+
+def directory(url: str, gateway_id: str, zone: str = "z", **ports: int) -> NavigationDirectory:
+    return NavigationDirectory(
+        url,
+        gateway_id=gateway_id,
+        zone=zone,
+        endpoints=listeners(gateway_id, **ports),
+        load=lambda: float(len(gateway_id)),
+        heartbeat_ms=BEAT_MS,
+    )
+
+
+@contextlib.asynccontextmanager
+async def started(*directories: NavigationDirectory) -> AsyncIterator[None]:
+    try:
+        for d in directories:
+            await d.start()
+        yield
+    finally:
+        for d in directories:
+            await d.close()
+
+
+async def until(check: Callable[[], bool]) -> None:
+    async with asyncio.timeout(WAIT_S):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+def ids(d: GatewayDirectory, protocol: str) -> list[str]:
+    return [e.gateway_id for e in d.endpoints(protocol)]
+
+
+# Long enough that a gateway never expires by accident on a loaded machine (the
+# directories beat every 50 ms); the expiry test uses a server of its own.
+EXPIRY_MS = 5000
+
+
+@pytest.fixture
+async def navigation() -> AsyncIterator[NavigationServer]:
+    async with NavigationServer(gateway_expiry_ms=EXPIRY_MS) as server:
+        yield server
+
+
+async def test_two_gateways_see_each_other_and_a_clean_stop(navigation: NavigationServer) -> None:
+    one = directory(navigation.url, "g-one", kafka=9001, amqp=5001)
+    two = directory(navigation.url, "g-two", kafka=9002)
+    assert isinstance(one, RegisteredDirectory)
+    async with started(one):
+        async with started(two):
+            await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])  # least loaded
+            await until(lambda: ids(two, "kafka") == ["g-one", "g-two"])
+            kafka = {e.gateway_id: (e.host, e.port, e.zone) for e in two.endpoints("kafka")}
+            assert kafka == {"g-one": ("127.0.0.1", 9001, "z"), "g-two": ("127.0.0.1", 9002, "z")}
+            assert ids(one, "amqp") == ["g-one"]
+            assert two.endpoints("amqp") == ()  # two serves no AMQP, one is not asked
+            assert one.self_id == "g-one"
+        # two closed: deregistered (an expired gateway would still be listed, as
+        # unhealthy, by /v1/gateways; a deleted one is not).
+        listed = [r.gateway_id for r in navigation.registry.gateways(0)]
+        assert listed == ["g-one"]
+        await until(lambda: ids(one, "kafka") == ["g-one"])
+
+
+async def test_a_silent_gateway_drops_out_after_the_expiry() -> None:
+    async with (
+        NavigationServer(gateway_expiry_ms=500) as navigation,
+        httpx.AsyncClient(base_url=navigation.url) as http,
+    ):
+        one = directory(navigation.url, "g-one", kafka=9001)
+        async with started(one):
+            # A gateway that heartbeats once and then dies without a word (SIGKILL).
+            response = await http.post(
+                "/v1/gateways/heartbeat",
+                json={
+                    "gateway_id": "g-dead",
+                    "zone": "z",
+                    "load": 0,
+                    "endpoints": [{"protocol": "kafka", "host": "127.0.0.1", "port": 9009}],
+                },
+            )
+            assert response.status_code == 200
+            await until(lambda: ids(one, "kafka") == ["g-dead", "g-one"])
+            await until(lambda: ids(one, "kafka") == ["g-one"])
+
+
+async def test_any_gateway_id_deregisters(navigation: NavigationServer) -> None:
+    odd = directory(navigation.url, "10.0.0.1:9092/a b%2F?#", kafka=1)
+    async with started(odd):
+        await until(lambda: ids(odd, "kafka") == ["10.0.0.1:9092/a b%2F?#"])
+        assert [r.gateway_id for r in navigation.registry.gateways(0)] == [odd.self_id]
+    assert navigation.registry.gateways(0) == []
+
+
+async def test_the_own_zone_comes_first(navigation: NavigationServer) -> None:
+    east = directory(navigation.url, "e", zone="east", kafka=1)
+    west = directory(navigation.url, "w-busier", zone="west", kafka=2)
+    async with started(east, west):
+        await until(lambda: ids(west, "kafka") == ["w-busier", "e"])
+        await until(lambda: ids(east, "kafka") == ["e", "w-busier"])
+
+
+async def test_without_navigation_a_gateway_lists_itself_alone(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    server.close()
+    await server.wait_closed()
+    alone = directory(f"http://127.0.0.1:{port}", "g-alone", kafka=9001)
+    # Before start too: a handler may ask while the gateway is starting.
+    assert ids(alone, "kafka") == ["g-alone"]
+    with caplog.at_level(logging.WARNING, logger="navigation.directory"):
+        async with started(alone):
+            assert not alone.reachable
+            [own] = alone.endpoints("kafka")
+            assert (own.host, own.port, own.zone, own.load) == ("127.0.0.1", 9001, "z", 7.0)
+            assert alone.endpoints("amqp") == ()
+            await asyncio.sleep(5 * BEAT_MS / 1000)  # several failed beats...
+    warnings = [r for r in caplog.records if "listing this gateway alone" in r.getMessage()]
+    assert len(warnings) == 1  # ...logged once
+
+
+async def test_navigation_going_away_and_coming_back() -> None:
+    first = NavigationServer(gateway_expiry_ms=EXPIRY_MS)
+    await first.start()
+    port = first.address[1]
+    url = first.url
+    one = directory(url, "g-one", kafka=9001)
+    two = directory(url, "g-two", kafka=9002)
+    async with started(one, two):
+        await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])
+        await first.close()
+        await until(lambda: not one.reachable)
+        assert ids(one, "kafka") == ["g-one"]
+        # A restarted navigation knows nobody; the next beats register both again.
+        async with NavigationServer(port=port, gateway_expiry_ms=EXPIRY_MS):
+            await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])
+            await until(lambda: ids(two, "kafka") == ["g-one", "g-two"])
