@@ -11,7 +11,7 @@ abstract model only: no protocol's types.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,6 +146,16 @@ class Processor:
     ) -> QueueOffsets:
         self._check_queues(caller, (queue,))
         return await self._storage.delete_records(queue, before_offset)
+
+    async def compact(
+        self,
+        caller: Caller,
+        queue: QueueRef,
+        drop: Sequence[int] = (),
+        rewrite: Mapping[int, BatchEntry] | None = None,
+    ) -> int:
+        self._check_queues(caller, (queue,))
+        return await self._storage.compact(queue, drop, rewrite)
 
     async def offset_for_timestamp(self, caller: Caller, queue: QueueRef, timestamp_ms: int) -> int:
         self._check_queues(caller, (queue,))
