@@ -18,6 +18,7 @@ __all__ = [
     "AMQP_EXPIRES_AT",
     "AMQP_PROPERTIES",
     "AMQP_ROUTING_KEY",
+    "AMQP_TOPIC_ARGUMENT",
     "CONTENT_TYPE",
     "CORRELATION_ID",
     "KEY",
@@ -26,9 +27,11 @@ __all__ = [
     "MQTT_QOS",
     "MQTT_RETAIN",
     "MQTT_TOPIC",
+    "PRIVATE_PREFIXES",
     "REPLY_TO",
     "RESERVED",
     "TAG",
+    "is_private",
 ]
 
 # Message fields, for protocols without a slot for them.
@@ -73,3 +76,20 @@ RESERVED = frozenset(
         AMQP_EXPIRES_AT,
     }
 )
+
+# Properties under these prefixes are one protocol's bookkeeping (the raw AMQP basic
+# properties, an MQTT QoS, an MNS property-type list, a Kafka control flag): the
+# protocol that wrote them reads them back, every other one leaves them out, so a
+# consumer sees only the fields of the model and the user's own properties.
+PRIVATE_PREFIXES = ("amqp.", "mqtt.", "mns.", "kafka.")
+
+# Where AMQP meets the storage topics other protocols address (docs/interop.md): an
+# exchange declared with this argument (a string naming a storage topic) also appends
+# each publish to that topic, and a queue declared with it is consumed from that topic.
+AMQP_TOPIC_ARGUMENT = "x-polymq-topic"
+
+
+def is_private(name: str) -> bool:
+    """Whether a property is a field's carrier or another protocol's bookkeeping, never
+    shown to a consumer as a user property of its own."""
+    return name in RESERVED or name.startswith(PRIVATE_PREFIXES)

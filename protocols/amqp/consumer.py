@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Final
 
 from pamqp import commands
 
+from protocols import interop
 from protocols.amqp import errors
 from protocols.amqp.errors import AmqpError, ConnectionError_
 from protocols.amqp.vhost import QueueDef
-from storage.model import StoredMessage
+from storage.errors import TopicNotFound
+from storage.model import QueueRef, StoredMessage
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel
@@ -30,6 +32,7 @@ INVISIBLE_MS: Final = 60_000
 POP_WAIT_MS: Final = 5_000
 POP_BATCH: Final = 250
 UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
+_TOPIC_RETRY_MS: Final = 500  # an x-polymq-topic queue whose topic does not exist yet
 _serials = itertools.count()
 
 
@@ -64,6 +67,7 @@ class Consumer:
         self.task: asyncio.Task[None] | None = None
         self.stream_offset: int | None = None  # set for consumers of stream queues
         self.serial = next(_serials)
+        self._view_refs: tuple[QueueRef, ...] | None = None  # x-polymq-topic queues
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"amqp-consumer-{self.tag}")
@@ -114,6 +118,9 @@ class Consumer:
     async def _fetch(self, count: int, wait_ms: int) -> list[StoredMessage]:
         channel = self.channel
         refs = self.queue.refs(channel.conn.namespace)
+        topic = self.queue.arguments.get(interop.AMQP_TOPIC_ARGUMENT)
+        if isinstance(topic, str) and topic and self.stream_offset is None:
+            return await self._fetch_topic(topic, count, wait_ms)
         if self.stream_offset is None:
             # No-ack deliveries are acked right after they are sent: their hand-out
             # need not be durable first.
@@ -124,6 +131,23 @@ class Consumer:
         )
         self.stream_offset = result.next_offset
         return list(result.messages)
+
+    async def _fetch_topic(self, topic: str, count: int, wait_ms: int) -> list[StoredMessage]:
+        """Pop from every queue of the storage topic a queue declared with
+        ``x-polymq-topic`` reads (docs/interop.md). The topic belongs to whoever
+        produces to it: until it exists, and after it is deleted, the consumer waits."""
+        conn = self.channel.conn
+        try:
+            if self._view_refs is None:
+                info = await conn.processor.describe_topic(conn.caller, topic)
+                self._view_refs = tuple(
+                    QueueRef(conn.namespace, topic, i) for i in range(len(info.queues))
+                )
+            return await self.channel.pop(self._view_refs, count, wait_ms, durable=not self.no_ack)
+        except TopicNotFound:
+            self._view_refs = None
+            await asyncio.sleep(min(wait_ms, _TOPIC_RETRY_MS) / 1000)
+            return []
 
     def queue_deleted(self) -> None:
         """consumer_cancel_notify: the queue went away under the consumer."""

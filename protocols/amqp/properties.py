@@ -4,7 +4,8 @@ The properties arrive as a content header; their raw bytes are stored whole unde
 :data:`RAW_PROPERTIES`, so an AMQP consumer gets back exactly what the publisher sent,
 every field-table type included, without re-encoding. The fields other protocols
 understand are also mapped onto the model (content type, correlation id, reply-to,
-string headers as properties) following :mod:`protocols.interop`.
+string headers as properties, the headers ``polymq.key`` / ``polymq.tag`` /
+``polymq.message-group`` as those fields) following :mod:`protocols.interop`.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ __all__ = [
 ]
 
 RAW_PROPERTIES: Final = interop.AMQP_PROPERTIES
-_SKIP_ON_DELIVERY: Final = interop.RESERVED
 _CONTENT_PREFIX: Final = struct.pack(">HHQ", 60, 0, 0)
+_FIELD_HEADERS: Final = frozenset({interop.KEY, interop.TAG, interop.MESSAGE_GROUP})
 
 
 def decode_properties(raw: bytes) -> commands.Basic.Properties:
@@ -73,17 +74,28 @@ def to_message(
         (interop.AMQP_ROUTING_KEY, routing_key.encode()),
         (RAW_PROPERTIES, raw_properties),
     ]
+    # Headers other protocols' fields are delivered under map back onto the fields.
+    fields: dict[str, bytes] = {}
     for name, value in (properties.headers or {}).items():
         encoded = _header_bytes(value)
-        if encoded is not None and name not in interop.RESERVED:
+        if encoded is None:
+            continue
+        if name in _FIELD_HEADERS:
+            fields[name] = encoded
+        elif not interop.is_private(name):
             pairs.append((name, encoded))
+    key = fields.get(interop.KEY, routing_key.encode() if routing_key else None)
+    tag = fields.get(interop.TAG)
+    group = fields.get(interop.MESSAGE_GROUP)
     timestamp = properties.timestamp
     born_ms = (
         int(timestamp.timestamp() * 1000) if isinstance(timestamp, datetime.datetime) else None
     )
     return Message(
         body=body,
-        key=routing_key.encode() if routing_key else None,
+        key=key,
+        tag=tag.decode(errors="replace") if tag is not None else None,
+        message_group=group.decode(errors="replace") if group is not None else None,
         properties=tuple(pairs),
         content_type=properties.content_type or None,
         correlation_id=properties.correlation_id.encode() if properties.correlation_id else None,
@@ -111,7 +123,7 @@ def _foreign_properties(message: Message) -> commands.Basic.Properties:
     """Properties for a message produced through another protocol."""
     headers: dict[str, Any] = {}
     for name, value in message.properties:
-        if name in _SKIP_ON_DELIVERY:
+        if interop.is_private(name):
             continue
         try:
             headers[name] = value.decode()

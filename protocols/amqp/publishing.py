@@ -3,7 +3,9 @@ returns and confirms that follow, in publish order."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import zlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
@@ -17,7 +19,8 @@ from protocols.amqp.dead_letter import dead_letter
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from protocols.amqp.properties import encode_properties, to_message
 from protocols.amqp.vhost import GROUP, QueueDef
-from storage.model import AppendRequest, Message, QueueRef, StoredMessage
+from storage.errors import TopicAlreadyExists, TopicNotFound
+from storage.model import AppendRequest, Message, QueueRef, StoredMessage, TopicConfig
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel
@@ -46,6 +49,7 @@ class Publisher:
         self._channel = channel
         self.confirm = False
         self.seq = 0  # the last publish's confirm sequence number
+        self._topic_queues: dict[str, int] = {}  # x-polymq-topic targets: queue counts
 
     @property
     def _conn(self) -> AmqpConnection:
@@ -168,6 +172,9 @@ class Publisher:
                 added[name] = added.get(name, 0) + 1
             targets.append(queue.ref_for(vhost.namespace, properties.priority))
             reached.append(queue)
+        topic = exchange.arguments.get(interop.AMQP_TOPIC_ARGUMENT)
+        if isinstance(topic, str) and topic:
+            targets.append(await self._topic_ref(vhost.namespace, topic, routing_key))
         if not targets and not overflowed:
             returned = (
                 self._return_frames(method, raw, body) if method.mandatory and not names else None
@@ -207,6 +214,24 @@ class Publisher:
         if not targets:
             return None, None, accepted, heads
         return AppendRequest(entry=message, queues=tuple(targets)), None, accepted, heads
+
+    async def _topic_ref(self, namespace: str, topic: str, routing_key: str) -> QueueRef:
+        """The queue of storage topic ``topic`` a publish to an exchange declared with
+        ``x-polymq-topic`` also goes to (docs/interop.md): chosen by the routing key's
+        hash, as a keyed producer picks a partition. A missing topic is created with
+        one queue, as MQTT creates its topics on first publish."""
+        count = self._topic_queues.get(topic)
+        if count is None:
+            processor, caller = self._conn.processor, self._conn.caller
+            try:
+                info = await processor.describe_topic(caller, topic)
+            except TopicNotFound:
+                with contextlib.suppress(TopicAlreadyExists):
+                    await processor.create_topic(caller, topic, TopicConfig(queue_count=1))
+                info = await processor.describe_topic(caller, topic)
+            count = self._topic_queues[topic] = max(1, len(info.queues))
+        queue_id = zlib.crc32(routing_key.encode()) % count if count > 1 else 0
+        return QueueRef(namespace, topic, queue_id)
 
     def _return_frames(self, method: commands.Basic.Publish, raw: bytes, body: bytes) -> bytes:
         returned = commands.Basic.Return(

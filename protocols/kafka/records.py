@@ -327,7 +327,8 @@ def _put_bytes(out: bytearray, value: bytes | None) -> None:
 
 
 def message_headers(message: Message) -> list[tuple[str, bytes]]:
-    """A message's fields without a Kafka slot, then its own properties, as headers."""
+    """A message's fields without a Kafka slot, then its own properties, as headers
+    (other protocols' bookkeeping, such as the raw AMQP properties, left out)."""
     headers: list[tuple[str, bytes]] = []
     if message.tag is not None:
         headers.append((interop.TAG, message.tag.encode()))
@@ -339,7 +340,7 @@ def message_headers(message: Message) -> list[tuple[str, bytes]]:
         headers.append((interop.CORRELATION_ID, message.correlation_id))
     if message.reply_to is not None:
         headers.append((interop.REPLY_TO, message.reply_to.encode()))
-    headers.extend(message.properties)
+    headers.extend(p for p in message.properties if not interop.is_private(p[0]))
     return headers
 
 

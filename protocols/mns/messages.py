@@ -179,7 +179,7 @@ def _user_properties(message: Message) -> list[dict[str, str]]:
             out.append({"Name": name, "Value": value.decode(errors="replace"), "Type": kind})
 
     for name, value in message.properties:
-        if name not in _INTERNAL:
+        if not interop.is_private(name):  # MNS's own and other protocols' bookkeeping
             add(name, value)
     if message.key is not None:
         add(interop.KEY, message.key)

@@ -28,7 +28,6 @@ __all__ = [
 MQTT_QOS = interop.MQTT_QOS
 MQTT_RETAIN = interop.MQTT_RETAIN
 MQTT_PAYLOAD_FORMAT = interop.MQTT_PAYLOAD_FORMAT
-_INTERNAL = frozenset({MQTT_QOS, MQTT_RETAIN, MQTT_PAYLOAD_FORMAT}) | interop.RESERVED
 
 # A topic name starting with "/" has an empty first level; storage names cannot be
 # empty, so those topics share this storage topic.
@@ -130,7 +129,7 @@ def publish_from_message(
     if message.message_group is not None:
         user.append((interop.MESSAGE_GROUP, message.message_group))
     for name, value in message.properties:
-        if name not in _INTERNAL:
+        if not interop.is_private(name):
             user.append((name, value.decode("utf-8", "replace")))
     if user:
         props[codec.USER_PROPERTY] = user

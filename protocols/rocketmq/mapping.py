@@ -174,7 +174,7 @@ def to_proto(
     pb.topic.resource_namespace = namespace
     user = pb.user_properties
     for name, value in msg.properties:
-        if name not in user:
+        if name not in user and not interop.is_private(name):
             user[name] = value.decode(errors="replace")
     if msg.content_type is not None:
         user[interop.CONTENT_TYPE] = msg.content_type
