@@ -110,10 +110,12 @@ class Gateway:
         *,
         clock: Clock | None = None,
         listener_factories: Mapping[str, ListenerFactory] | None = None,
+        directory: GatewayDirectory | None = None,
     ) -> Gateway:
         """The separated form: storage nodes found through the nameservers, this
-        gateway registered with navigation (when configured) so that Kafka Metadata
-        and RocketMQ routes name every live gateway."""
+        gateway registered with navigation (when configured, unless ``directory``
+        says who the peers are) so that Kafka Metadata and RocketMQ routes name every
+        live gateway."""
         if not config.cluster.nameservers:
             raise ValueError("the Cluster form needs cluster.nameservers (--nameserver)")
         from nameserver.client import NameserverClient
@@ -124,11 +126,19 @@ class Gateway:
             NameserverClient(config.cluster.nameservers),
             lambda node: RemoteStorage(node.host, node.port),
         )
-        directory: Callable[[Gateway], GatewayDirectory] | None = None
+        if directory is not None:
+            return cls(
+                config,
+                storage=storage,
+                clock=clock,
+                listener_factories=listener_factories,
+                directory=directory,
+            )
+        registered: Callable[[Gateway], GatewayDirectory] | None = None
         if config.cluster.navigation:
             from navigation.directory import NavigationDirectory
 
-            def directory(gateway: Gateway) -> GatewayDirectory:
+            def registered(gateway: Gateway) -> GatewayDirectory:
                 return NavigationDirectory(
                     config.cluster.navigation,
                     gateway_id=gateway.gateway_id,
@@ -143,7 +153,7 @@ class Gateway:
             storage=storage,
             clock=clock,
             listener_factories=listener_factories,
-            directory=directory,
+            directory=registered,
         )
 
     @property

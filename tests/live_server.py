@@ -10,22 +10,34 @@ same way, from the test's own loop.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import threading
-from collections.abc import Callable, Coroutine, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
-from gateway.config import GatewayConfig, ListenerConfig, ListenersConfig, load_config
+from gateway.config import (
+    GatewayConfig,
+    ListenerConfig,
+    ListenersConfig,
+    engine_config,
+    load_config,
+)
+from gateway.directory import GatewayEndpoint
 from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory, protocol_listeners
+from storage.api import StorageAPI
+from storage.engine import Engine
 
-__all__ = ["LiveServer", "live_server", "server_form"]
+__all__ = ["LiveServer", "live_gateways", "live_server", "server_form"]
 
 _T = TypeVar("_T")
 _START_TIMEOUT_S = 30.0
 _form = "merged"  # set per test module by tests/conftest.py
+_STORAGE_NODES = 2  # the cluster form: topics spread over two storage nodes
+_HEARTBEAT_MS = 200
 
 
 @contextmanager
@@ -62,6 +74,36 @@ class LiveServer:
         return asyncio.run_coroutine_threadsafe(factory(), self.loop).result(timeout)
 
 
+async def _start_storage_pool(
+    stack: contextlib.AsyncExitStack, config: GatewayConfig, data_dir: Path
+) -> str:
+    """The separated form's storage side, in this loop on free ports: a nameserver and
+    ``_STORAGE_NODES`` storage nodes with data folders under ``data_dir`` (so a restart
+    over the same folder finds its data). Returns the nameserver's address."""
+    from nameserver.server import Nameserver
+    from storage.node import StorageNode
+
+    nameserver = Nameserver(host="127.0.0.1", port=0, node_expiry_ms=10 * _HEARTBEAT_MS)
+    await stack.enter_async_context(nameserver)
+    host, port = nameserver.address
+    address = f"{host}:{port}"
+    for i in range(_STORAGE_NODES):
+        node_dir = data_dir / f"node-{i + 1}"
+        storage = dataclasses.replace(config.storage, data_dir=node_dir)
+        engine = Engine(engine_config(dataclasses.replace(config, storage=storage)))
+        node = StorageNode(
+            engine,
+            node_id=f"node-{i + 1}",
+            host="127.0.0.1",
+            port=0,
+            nameservers=[address],
+            heartbeat_ms=_HEARTBEAT_MS,
+        )
+        await node.start()
+        stack.push_async_callback(node.close)
+    return address
+
+
 def server_config(
     data_dir: Path,
     listeners: tuple[str, ...],
@@ -89,22 +131,80 @@ def live_server(
 ) -> Iterator[LiveServer]:
     """Start a gateway serving ``listeners`` in a background thread; stop it (and its
     storage, flushed) on exit. ``factories`` defaults to the gateway's own table."""
+    with live_gateways(
+        data_dir, listeners, 1, overrides=overrides, config=config, factories=factories
+    ) as (server,):
+        yield server
+
+
+@contextmanager
+def live_gateways(
+    data_dir: Path,
+    listeners: tuple[str, ...],
+    count: int,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+    config: GatewayConfig | None = None,
+    factories: Mapping[str, ListenerFactory] | None = None,
+) -> Iterator[list[LiveServer]]:
+    """``count`` gateways over the same storage (one engine in the merged form, the
+    same storage nodes in the cluster form), each on its own free ports and each
+    knowing the others as its peers (what navigation tells gateways): for the tests
+    of state that must not live in one gateway."""
     config = config or server_config(data_dir, listeners, overrides)
     factories = factories if factories is not None else protocol_listeners()
     missing = [name for name in listeners if name not in factories]
     if missing:
         raise KeyError(f"no protocol serves listener(s) {missing}")
     loop = asyncio.new_event_loop()
-    gateway = Gateway.local(config, listener_factories=factories)
+    cluster = _form == "cluster"
     started = threading.Event()
     stop: asyncio.Event | None = None
     failure: list[BaseException] = []
+    built: list[Gateway] = []
+    peers = _Peers(built) if count > 1 else None
 
     async def main() -> None:
         nonlocal stop
         stop = asyncio.Event()
         try:
-            async with gateway:
+            async with contextlib.AsyncExitStack() as stack:
+                shared: StorageAPI | None = None
+                if cluster:
+                    nameserver = await _start_storage_pool(stack, config, data_dir)
+                    gateway_config = dataclasses.replace(
+                        config,
+                        cluster=dataclasses.replace(
+                            config.cluster, nameservers=(nameserver,), heartbeat_ms=_HEARTBEAT_MS
+                        ),
+                    )
+                elif count > 1:
+                    engine = Engine(engine_config(config))
+                    await engine.start()
+                    stack.push_async_callback(engine.close)
+                    shared = cast(StorageAPI, _Shared(engine))
+                    gateway_config = config
+                else:
+                    gateway_config = config
+                for i in range(count):
+                    one = gateway_config
+                    if count > 1:
+                        one = dataclasses.replace(
+                            one,
+                            cluster=dataclasses.replace(one.cluster, gateway_id=f"gateway-{i + 1}"),
+                        )
+                    if cluster:
+                        gateway = Gateway.cluster(
+                            one, listener_factories=factories, directory=peers
+                        )
+                    elif shared is not None:
+                        gateway = Gateway(
+                            one, storage=shared, listener_factories=factories, directory=peers
+                        )
+                    else:
+                        gateway = Gateway.local(one, listener_factories=factories)
+                    built.append(gateway)
+                    await stack.enter_async_context(gateway)
                 started.set()
                 await stop.wait()
         except BaseException as e:
@@ -124,9 +224,42 @@ def live_server(
         loop.close()
         raise RuntimeError("the gateway failed to start") from failure[0]
     try:
-        yield LiveServer(gateway, loop)
+        yield [LiveServer(gateway, loop) for gateway in built]
     finally:
         assert stop is not None
         loop.call_soon_threadsafe(stop.set)
         thread.join(_START_TIMEOUT_S)
         loop.close()
+
+
+class _Peers:
+    """The gateways of one ``live_gateways`` as each other's directory: every
+    gateway's bound endpoints, as navigation would list them."""
+
+    def __init__(self, gateways: list[Gateway]) -> None:
+        self._gateways = gateways
+
+    @property
+    def self_id(self) -> str:  # shared by all: only endpoints() is asked of it
+        return "live-gateways"
+
+    def endpoints(self, protocol: str) -> Sequence[GatewayEndpoint]:
+        found = (gateway.own_endpoints().get(protocol) for gateway in self._gateways)
+        return [endpoint for endpoint in found if endpoint is not None]
+
+
+class _Shared:
+    """One started engine under several gateways: their start and close are no-ops,
+    the engine's own lifecycle is the harness's."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
