@@ -1,0 +1,307 @@
+"""A storage node (``polymq storage``): one embedded engine served to gateways over the
+storage RPC, reporting itself to every nameserver.
+
+Nameservers hold only soft state, so the node's heartbeat says everything routing
+needs: every topic it holds and every namespace it is home to (whose namespace-wide
+data, such as protocol metadata and keyed latest values, lives here). A heartbeat goes
+out every ``heartbeat_ms`` and also at once after a change (a topic created or
+deleted, a home claimed), so gateways find a new topic's node without waiting.
+
+Each nameserver is sent to by its own task holding only the latest heartbeat: one
+that is down or slow never delays the others, nor piles up stale heartbeats.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nameserver.client import NameserverClient
+from nameserver.model import NodeHeartbeat
+from storage.api import StorageAPI
+from storage.engine import Engine
+from storage.engine.ids import load_node_id
+from storage.errors import NamespaceAlreadyExists
+from storage.names import check_name
+from storage.rpc import Handler, RpcServer
+
+if TYPE_CHECKING:
+    from gateway.config import GatewayConfig
+
+__all__ = ["SERVED_METHODS", "StorageNode", "serve_node"]
+
+log = logging.getLogger(__name__)
+
+# Every storage API call but the lifecycle, which is the node's own business.
+SERVED_METHODS: tuple[str, ...] = tuple(
+    sorted(
+        name
+        for name in vars(StorageAPI)
+        if not name.startswith("_") and name not in ("start", "close")
+    )
+)
+
+_MIN_BEAT_GAP_S = 0.05
+HOME_KIND = "_cluster"  # metadata kind marking, inside a namespace, that it lives here
+_HOME_NAME = "home"
+
+
+class StorageNode:
+    """Serves ``engine`` on ``host:port`` (port 0: any free port, see :attr:`address`)
+    and heartbeats ``nameservers`` ("host:port" each). ``node_id`` defaults to the
+    engine's own id, kept in its data directory, so it survives restarts.
+    ``advertised_host`` is what gateways are told to dial (default: ``host``)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        node_id: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        nameservers: Sequence[str] = (),
+        heartbeat_ms: int = 1000,
+        *,
+        advertised_host: str | None = None,
+    ) -> None:
+        self.engine = engine
+        self._node_id = node_id
+        self.nameservers = tuple(nameservers)
+        self.heartbeat_ms = heartbeat_ms
+        self.advertised_host = advertised_host or host
+        self._homes: set[str] = set()
+        self._started_ms = 0
+        self._server = RpcServer(self._handlers(), host, port)
+        self._changed = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._load_sample = (0, 0)  # (ms, requests served) at the last load figure
+        self._load = 0.0
+
+    @property
+    def node_id(self) -> str:
+        if self._node_id is None:
+            raise RuntimeError("the node id is known once the node has started")
+        return self._node_id
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """Where it listens (the real port when configured with 0)."""
+        return self._server.address
+
+    @property
+    def homes(self) -> frozenset[str]:
+        return frozenset(self._homes)
+
+    @property
+    def requests_served(self) -> int:
+        """Requests received since start (each counted when it begins)."""
+        return self._server.requests_served
+
+    def _handlers(self) -> dict[str, Handler]:
+        handlers: dict[str, Handler] = {name: getattr(self.engine, name) for name in SERVED_METHODS}
+        for name in ("create_topic", "delete_topic", "create_namespace", "delete_namespace"):
+            handlers[name] = self._announcing(name)
+        handlers["claim_home"] = self.claim_home
+        handlers["node_info"] = self.node_info
+        return handlers
+
+    def _announcing(self, name: str) -> Handler:
+        """The engine's method, followed by a heartbeat when it succeeded: routes
+        change with it."""
+        method = getattr(self.engine, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            result = await method(*args, **kwargs)
+            if name == "delete_namespace" and args:
+                self._homes.discard(args[0])
+            self._changed.set()
+            return result
+
+        return call
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Open the engine, listen, and start heartbeating."""
+        await self.engine.start()
+        if self._node_id is None:
+            self._node_id = load_node_id(Path(self.engine.config.data_dir)).hex()
+        self._started_ms = self.engine.clock.now_ms()
+        for namespace in await self.engine.list_namespaces():
+            if await self.engine.meta_get(namespace, HOME_KIND, _HOME_NAME) is not None:
+                self._homes.add(namespace)
+        try:
+            await self._server.start()
+        except BaseException:  # the port is taken: leave nothing open behind
+            await self.engine.close()
+            raise
+        if self.nameservers:
+            slots = [_LatestSlot() for _ in self.nameservers]
+            loop = asyncio.get_running_loop()
+            self._tasks = [
+                loop.create_task(self._beat_loop(slots), name="polymq-node-heartbeat"),
+                *(
+                    loop.create_task(_send_loop(NameserverClient([address]), slot))
+                    for address, slot in zip(self.nameservers, slots, strict=True)
+                ),
+            ]
+
+    async def close(self) -> None:
+        """Stop heartbeating and serving (requests in flight are cancelled, their
+        connections dropped), then close the engine."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._server.close()
+        await self.engine.close()
+
+    async def __aenter__(self) -> StorageNode:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the node's own calls --------------------------------------------------------
+
+    async def claim_home(self, namespace: str) -> None:
+        """Keep ``namespace``'s namespace-wide data here from now on (idempotent). The
+        claim is stored in the namespace itself, so it outlives restarts."""
+        check_name("namespace", namespace)
+        if namespace in self._homes:
+            return
+        with contextlib.suppress(NamespaceAlreadyExists):
+            await self.engine.create_namespace(namespace)
+        await self.engine.meta_put(
+            namespace, HOME_KIND, _HOME_NAME, {"claimed_ms": self.engine.clock.now_ms()}
+        )
+        self._homes.add(namespace)
+        self._changed.set()
+
+    async def node_info(self) -> NodeHeartbeat:
+        """The heartbeat as it would be sent now."""
+        topics: list[tuple[str, str]] = []
+        for namespace in await self.engine.list_namespaces():
+            for info in await self.engine.list_topics(namespace, include_internal=True):
+                topics.append((namespace, info.name))
+        return NodeHeartbeat(
+            node_id=self.node_id,
+            host=self.advertised_host,
+            port=self.address[1],
+            topics=tuple(topics),
+            homes=tuple(sorted(self._homes)),
+            # placement wants the emptiest node: topics held, plus a little for traffic
+            load=len(topics) + self._request_rate() / 1000,
+            disk_free_bytes=_disk_free(Path(self.engine.config.data_dir)),
+            started_ms=self._started_ms,
+        )
+
+    def _request_rate(self) -> float:
+        """Requests per second since the previous figure (at most one per second)."""
+        now = self.engine.clock.now_ms()
+        then, served_then = self._load_sample
+        if now - then >= 1000:
+            served = self._server.requests_served
+            if then:
+                self._load = (served - served_then) * 1000 / (now - then)
+            self._load_sample = (now, served)
+        return self._load
+
+    # -- heartbeats ------------------------------------------------------------------
+
+    async def _beat_loop(self, slots: list[_LatestSlot]) -> None:
+        loop = asyncio.get_running_loop()
+        min_gap = min(_MIN_BEAT_GAP_S, self.heartbeat_ms / 1000)
+        while True:
+            self._changed.clear()
+            sent = loop.time()
+            try:
+                heartbeat = await self.node_info()
+            except Exception:  # never let a bad moment stop the heartbeats for good
+                log.exception("storage node: cannot build a heartbeat")
+            else:
+                for slot in slots:
+                    slot.put(heartbeat)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.heartbeat_ms / 1000):
+                    await self._changed.wait()
+            # A burst of changes (MQTT sessions created by a flood of connects) shares
+            # beats: the first change after a quiet spell goes out at once, then at
+            # most one beat per gap.
+            await asyncio.sleep(max(0.0, sent + min_gap - loop.time()))
+
+
+class _LatestSlot:
+    """The newest heartbeat for one nameserver; older unsent ones are dropped."""
+
+    def __init__(self) -> None:
+        self.value: NodeHeartbeat | None = None
+        self.ready = asyncio.Event()
+
+    def put(self, value: NodeHeartbeat) -> None:
+        self.value = value
+        self.ready.set()
+
+    async def take(self) -> NodeHeartbeat:
+        await self.ready.wait()
+        self.ready.clear()
+        assert self.value is not None
+        return self.value
+
+
+async def _send_loop(client: NameserverClient, slot: _LatestSlot) -> None:
+    """``client`` is a one-address ``NameserverClient``: it logs failures (once until
+    the nameserver is back) and bounds each call with its own timeout."""
+    try:
+        while True:
+            await client.heartbeat(await slot.take())
+    finally:
+        await client.close()
+
+
+def _disk_free(path: Path) -> int:
+    try:
+        return shutil.disk_usage(path).free
+    except OSError:
+        return 0
+
+
+async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
+    """Run a storage node from the gateway's config until ``stop`` is set
+    (``polymq storage``)."""
+    # Kafka stores record batches raw ("kafka.v2"); the node expands them when another
+    # protocol reads one message at a time, so it needs the expander registered.
+    import protocols.kafka  # noqa: F401
+    from gateway.config import engine_config
+
+    engine = Engine(engine_config(config))
+    node = StorageNode(
+        engine,
+        config.node.node_id or None,
+        host=config.server.host,
+        port=config.node.port,
+        nameservers=config.cluster.nameservers,
+        heartbeat_ms=config.cluster.heartbeat_ms,
+        advertised_host=config.cluster.advertised_host or None,
+    )
+    await node.start()
+    try:
+        host, port = node.address
+        log.info("storage node: id %s", node.node_id)
+        log.info(
+            "storage node: listening on %s:%d (advertised as %s)", host, port, node.advertised_host
+        )
+        log.info("storage node: data in %s", engine.config.data_dir)
+        log.info(
+            "storage node: nameservers %s",
+            ", ".join(node.nameservers) if node.nameservers else "none (not registered anywhere)",
+        )
+        log.info("storage node: ready")
+        await stop.wait()
+    finally:
+        await node.close()
