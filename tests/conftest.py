@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import pytest
 from tests import live_server as live
 
 FORMS = ("merged", "cluster")
+_ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -30,13 +32,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+_STARTS = ("live_server(", "live_gateways(")
+_LOCAL_IMPORT = re.compile(r"^from (tests(?:\.\w+)+) import", re.MULTILINE)
+
+
 @functools.cache
 def _starts_live_servers(module_file: str) -> bool:
+    """Whether the module, its folder's conftest, or a test helper module it imports
+    (a protocol's harness) starts live servers."""
     path = Path(module_file)
+    if "crash" in path.name:  # crash tests kill a subprocess server of the merged form
+        return False
     sources = [path, path.parent / "conftest.py"]
-    return (
-        any("live_server(" in source.read_text() for source in sources if source.exists())
-        and "crash" not in path.name
+    text = path.read_text()
+    for imported in _LOCAL_IMPORT.findall(text):
+        if imported != "tests.live_server":
+            sources.append(_ROOT.joinpath(*imported.split(".")).with_suffix(".py"))
+    return any(
+        any(start in source.read_text() for start in _STARTS)
+        for source in sources
+        if source.exists()
     )
 
 

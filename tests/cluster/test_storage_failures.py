@@ -56,9 +56,7 @@ async def _receive_all(http: httpx.AsyncClient, queue: str) -> list[str]:
         if reply.status_code == 404:  # MessageNotExist: the queue is drained
             return bodies
         assert reply.status_code == 200, reply.text
-        messages = reply.json()
-        messages = messages if isinstance(messages, list) else [messages]
-        for message in messages:
+        for message in reply.json()["Messages"]:
             bodies.append(message["MessageBody"])
             deleted = await http.delete(
                 f"/queues/{queue}/messages", params={"ReceiptHandle": message["ReceiptHandle"]}
