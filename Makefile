@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench clean
+.PHONY: run test lint typecheck unit bench clean conformance-reference
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,11 @@ test: lint typecheck unit
 BENCH ?= storage
 bench: $(STAMP)
 	$(BIN)/python -m bench.$(BENCH) $(ARGS)
+
+# The AMQP and MQTT conformance cases against RabbitMQ and Mosquitto from Debian's
+# packages (installed if missing), beside polymq: reports in conformance-reports/.
+conformance-reference: $(STAMP) $(NODE_STAMP)
+	bash conformance/reference.sh
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache .hypothesis

@@ -1,1 +1,2 @@
-"""polymq conformance (not built yet: see the open issues)."""
+"""polymq's conformance suite: real clients of every protocol against any target
+(polymq or a reference broker), judged by the specifications, reported as tables."""
