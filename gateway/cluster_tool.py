@@ -271,8 +271,10 @@ async def _up(cluster: LocalCluster) -> int:
             return 1
         print("\npolymq cluster is up:")
         for name, child in cluster.children.items():
+            gateway = child.spec.args[0] == "gateway"
             for label, (host, port) in child.addresses.items():
-                print(f"  {name:<12} {name if label == 'main' else label:<12} {host}:{port}")
+                if not (gateway and label == "main"):  # a library's own "listening on"
+                    print(f"  {name:<12} {name if label == 'main' else label:<12} {host}:{port}")
         print("'polymq cluster status' shows placement and health; Ctrl-C stops all.\n")
         sys.stdout.flush()
         stopping = asyncio.create_task(stop.wait())

@@ -30,6 +30,8 @@ def configure_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,
     )
+    # httpx logs every request at INFO: navigation heartbeats would flood the log.
+    logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
 
 async def serve(

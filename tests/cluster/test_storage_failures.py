@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import httpx
+import pytest
 
 from gateway.cluster_tool import LocalCluster
 from nameserver.client import NameserverClient
@@ -143,3 +144,20 @@ async def test_gateways_ride_out_a_nameserver_restart(cluster: LocalCluster) -> 
             assert sorted(await _receive_all(http, queue)) == sorted(
                 f"{queue}-{i}" for i in range(10)
             )
+
+
+async def test_cluster_status_shows_nodes_gateways_and_placement(
+    cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gateway.cluster_status import show
+
+    async with _http(cluster, "gateway-2") as http:
+        placed, _ = await _queues_on_both_nodes(cluster, http)
+    assert await show(cluster.nameserver, cluster.navigation) == 0
+    out = capsys.readouterr().out
+    for node in ("node-1", "node-2"):
+        assert any(line.startswith(node) and " up " in line for line in out.splitlines())
+    for gateway in ("gateway-1", "gateway-2"):
+        assert gateway in out
+    for queue, node in placed.items():
+        assert any(queue in line and node in line for line in out.splitlines())
