@@ -9,12 +9,13 @@ the same calls can cross a network unchanged. Errors are the typed classes of
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from storage.model import (
     AppendRequest,
     AppendResult,
+    BatchEntry,
     CommittedOffset,
     GroupConfig,
     HalfMessage,
@@ -92,6 +93,30 @@ class StorageAPI(Protocol):
 
     async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
         """The first offset stored at or after ``timestamp_ms``; ``latest`` if none."""
+        ...
+
+    async def compact(
+        self,
+        queue: QueueRef,
+        drop: Sequence[int] = (),
+        rewrite: Mapping[int, BatchEntry] | None = None,
+    ) -> int:
+        """Remove records from the middle of a queue (Kafka's log compaction): each
+        offset in ``drop`` becomes a gap, which reads, batch reads and pops skip (as
+        Kafka consumers skip the offsets its cleaner removed); ``rewrite`` maps the
+        first offset of a stored entry to a replacement spanning the same offsets (a
+        Kafka batch re-encoded with only its kept records, same base offset and offset
+        deltas; its ``messages``, if given, one per offset, the dropped ones' never
+        read). An entry's offsets are dropped all together unless it is rewritten.
+        Offsets stay as they are: ``queue_offsets`` is unchanged, and a gap is never
+        reused; a long poll from gaps with nothing after them waits as at the end.
+        Offsets below the queue's start are ignored; one at or past its end is
+        ``InvalidArgument``. Returns how many offsets became gaps (new ones only).
+
+        Atomic across crashes: after a crash the queue is either as before or fully
+        compacted, never lost. Kept records may be copied (the engine rewrites the
+        queue from the first changed offset), so the space of removed ones is
+        reclaimed with their segments."""
         ...
 
     # -- append --------------------------------------------------------------------

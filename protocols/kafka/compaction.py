@@ -1,41 +1,55 @@
-"""Log compaction for `cleanup.policy=compact` topics, as far as the adapter can go
-without an engine change.
+"""Log compaction for `cleanup.policy=compact` topics.
 
 Kafka keeps, per key, the latest record, and drops a tombstone (null value) once it has
-been kept for `delete.retention.ms`. Dropping records in the middle of a queue needs
-the engine (see docs/kafka.md, "Compaction"); what the adapter can do safely today is
-move the queue's log start offset past the longest prefix whose records are *all*
-removable: every record there has a later record with the same key, or is an expired
-tombstone. Consumers then see what a Kafka consumer sees after a cleaning: the log start
-offset moved, and every key's latest value still readable. The engine's retention
-reclaims the space once no queue needs a segment.
-
-The plan (:func:`keep_offsets`) is pure and is what an engine-side `compact` would take.
+been kept for `delete.retention.ms`. The plan (:func:`keep_offsets`) is pure; the
+engine's :meth:`storage.api.StorageAPI.compact` carries it out: a batch whose records
+all go is dropped (its offsets become gaps, which fetches skip as Kafka consumers skip
+what its cleaner removed), a batch keeping some of its records is re-encoded with only
+those (same base offset, offset deltas, last offset delta, producer id, epoch and base
+sequence, uncompressed), and everything else stays as it is. Offsets never move.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import struct
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from crc32c import crc32c
+
 from gateway.processor import Caller, Processor
-from protocols.kafka.records import BATCH_FORMAT, CorruptBatch, iter_records, parse_header
-from storage.model import QueueRef, StoredBatch
+from protocols.kafka.records import (
+    BATCH_FORMAT,
+    CorruptBatch,
+    KafkaRecord,
+    encode_batch,
+    expand_batch,
+    iter_records,
+    parse_header,
+)
+from storage.model import BatchEntry, Message, QueueRef, StoredBatch
 
 __all__ = [
     "Compactor",
     "Entry",
+    "Plan",
     "compact_partition",
     "entries_of",
     "is_compacted",
     "keep_offsets",
+    "plan_partition",
 ]
 
 DEFAULT_DELETE_RETENTION_MS = 86_400_000  # Kafka's delete.retention.ms
 _READ_BYTES = 1 << 20
+_COMPRESSION_BITS = 0x07
+# Header fields re-encoding must carry over (byte positions in a v2 batch).
+_LAST_OFFSET_DELTA_AT = 23
+_BASE_SEQUENCE_AT = 53
+_CRC_AT, _CRC_FROM = 17, 21
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,24 +67,39 @@ def is_compacted(policy: str | None) -> bool:
     return policy is not None and "compact" in {p.strip() for p in policy.split(",")}
 
 
+def _kafka_records(batch: StoredBatch) -> list[KafkaRecord] | None:
+    """The records of a stored Kafka batch, or None if it does not parse (or claims
+    offsets outside the stored span): such a batch is kept whole."""
+    if batch.format != BATCH_FORMAT or batch.raw is None:
+        return None
+    try:
+        header = parse_header(batch.raw, check_crc=False)
+        records = list(iter_records(batch.raw))
+    except CorruptBatch:
+        return None
+    if len(records) != header.record_count or any(
+        not 0 <= r.offset_delta < batch.count for r in records
+    ):
+        return None
+    return records
+
+
 def entries_of(batch: StoredBatch) -> Iterator[Entry]:
-    """Kafka batches record by record (a null value is a tombstone); messages from
-    other protocols by their key, never tombstones. A batch that does not parse is kept
-    whole (keyless entries), so compaction cannot lose data it cannot read."""
+    """Kafka batches record by record (a null value is a tombstone; offsets an earlier
+    compaction removed are simply absent); messages from other protocols by their key,
+    never tombstones. A batch that does not parse is kept whole (keyless entries), so
+    compaction cannot lose data it cannot read."""
     if batch.format == BATCH_FORMAT and batch.raw is not None:
-        try:
-            header = parse_header(batch.raw, check_crc=False)
-            records = list(iter_records(batch.raw))
-        except CorruptBatch:
-            header, records = None, []
-        if header is not None and len(records) == batch.count:
+        records = _kafka_records(batch)
+        if records is not None:
+            control = parse_header(batch.raw, check_crc=False).control
             for record in records:
                 yield Entry(
                     offset=batch.base_offset + record.offset_delta,
-                    key=None if header.control else record.key,
+                    key=None if control else record.key,
                     tombstone=record.value is None,
                     timestamp_ms=record.timestamp_ms,
-                    control=header.control,
+                    control=control,
                 )
             return
         for i in range(batch.count):
@@ -109,6 +138,62 @@ def keep_offsets(entries: Iterable[Entry], *, now_ms: int, delete_retention_ms: 
     return keep
 
 
+def _rewritten(batch: StoredBatch, kept: list[KafkaRecord]) -> BatchEntry:
+    """``batch`` with only ``kept`` records, as Kafka's cleaner writes it: same base
+    offset, offset deltas and last offset delta (consumers move past the whole batch),
+    producer id, epoch and base sequence, attributes but compression; uncompressed.
+    Its messages are given, one per offset of the span, since other protocols read it
+    offset by offset (the dropped offsets' are empty and never read: they are gaps)."""
+    assert batch.raw is not None
+    header = parse_header(batch.raw, check_crc=False)
+    raw = bytearray(
+        encode_batch(
+            batch.base_offset,
+            kept,
+            attributes=header.attributes & ~_COMPRESSION_BITS,
+            producer_id=header.producer_id,
+            producer_epoch=header.producer_epoch,
+        )
+    )
+    struct.pack_into(">i", raw, _LAST_OFFSET_DELTA_AT, header.last_offset_delta)
+    struct.pack_into(">i", raw, _BASE_SEQUENCE_AT, header.base_sequence)
+    struct.pack_into(">I", raw, _CRC_AT, crc32c(bytes(raw[_CRC_FROM:])))
+    by_delta = dict(zip((r.offset_delta for r in kept), expand_batch(bytes(raw)), strict=True))
+    messages = tuple(by_delta.get(i, Message()) for i in range(batch.count))
+    return BatchEntry(format=BATCH_FORMAT, raw=bytes(raw), messages=messages)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What one cleaning asks of the engine (``StorageAPI.compact``'s arguments)."""
+
+    drop: list[int]
+    rewrite: dict[int, BatchEntry]
+
+
+def plan_partition(
+    batches: Iterable[StoredBatch], *, now_ms: int, delete_retention_ms: int
+) -> Plan:
+    """The engine call that leaves what :func:`keep_offsets` keeps."""
+    listed = list(batches)
+    entries = [e for batch in listed for e in entries_of(batch)]
+    keep = keep_offsets(entries, now_ms=now_ms, delete_retention_ms=delete_retention_ms)
+    drop: list[int] = []
+    rewrite: dict[int, BatchEntry] = {}
+    for batch in listed:
+        present = [e.offset for e in entries_of(batch)]
+        going = [o for o in present if o not in keep]
+        if not going:
+            continue
+        drop.extend(going)
+        if len(going) < len(present):  # some of a Kafka batch's records stay
+            records = _kafka_records(batch)
+            assert records is not None  # only Kafka batches hold several entries
+            kept = [r for r in records if batch.base_offset + r.offset_delta in keep]
+            rewrite[batch.base_offset] = _rewritten(batch, kept)
+    return Plan(drop, rewrite)
+
+
 async def compact_partition(
     processor: Processor,
     caller: Caller,
@@ -117,26 +202,25 @@ async def compact_partition(
     delete_retention_ms: int = DEFAULT_DELETE_RETENTION_MS,
     now_ms: int | None = None,
 ) -> int:
-    """Move the queue's log start past its removable prefix; the new log start."""
+    """Read the partition, plan, and have the engine drop what Kafka would; how many
+    offsets were removed."""
     offsets = await processor.queue_offsets(caller, queue)
-    entries: list[Entry] = []
+    batches: list[StoredBatch] = []
     offset = offsets.earliest
     while offset < offsets.latest:
-        batches = await processor.read_batches(
+        read = await processor.read_batches(
             caller, queue, offset, max_bytes=_READ_BYTES, metered=False
         )
-        if not batches:
+        read = [b for b in read if b.base_offset + b.count > offset]
+        if not read:
             break
-        for batch in batches:
-            entries.extend(e for e in entries_of(batch) if e.offset >= offset)
-        offset = max(offset, batches[-1].base_offset + batches[-1].count)
+        batches.extend(read)
+        offset = max(offset, read[-1].base_offset + read[-1].count)
     now = int(time.time() * 1000) if now_ms is None else now_ms
-    keep = keep_offsets(entries, now_ms=now, delete_retention_ms=delete_retention_ms)
-    start = min(keep, default=offsets.earliest)
-    if start > offsets.earliest:
-        await processor.delete_records(caller, queue, start)
-        return start
-    return offsets.earliest
+    plan = plan_partition(batches, now_ms=now, delete_retention_ms=delete_retention_ms)
+    if not plan.drop:
+        return 0
+    return await processor.compact(caller, queue, plan.drop, plan.rewrite)
 
 
 class Compactor:

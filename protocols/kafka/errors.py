@@ -1,5 +1,11 @@
 """Typed errors from storage and accounts, as Kafka error codes (a bad peer's kind of
-error; anything else is our bug and becomes UNKNOWN_SERVER_ERROR, logged)."""
+error; anything else is our bug and becomes UNKNOWN_SERVER_ERROR, logged).
+
+Storage that cannot be reached (a storage node down, in the separated form) must get a
+code clients retry: KAFKA_STORAGE_ERROR on the data path (producers and consumers
+refresh metadata and retry it), COORDINATOR_NOT_AVAILABLE for group and transaction
+requests (the Java, librdkafka and kafka-python coordinators retry that one after
+finding the coordinator again; an unknown code would be fatal to a commit there)."""
 
 from __future__ import annotations
 
@@ -14,15 +20,17 @@ from storage.errors import (
     MessageTooLarge,
     OffsetOutOfRange,
     QueueNotFound,
+    StorageUnavailable,
     TopicAlreadyExists,
     TopicNotFound,
 )
 
-__all__ = ["error_code"]
+__all__ = ["coordinator_error", "error_code"]
 
 log = logging.getLogger(__name__)
 
 _CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
+    (StorageUnavailable, ErrorCode.kafka_storage_error),
     (TopicNotFound, ErrorCode.unknown_topic_or_partition),
     (QueueNotFound, ErrorCode.unknown_topic_or_partition),
     (TopicAlreadyExists, ErrorCode.topic_already_exists),
@@ -41,3 +49,10 @@ def error_code(error: Exception) -> ErrorCode:
             return code
     log.error("kafka: unexpected error", exc_info=error)
     return ErrorCode.unknown_server_error
+
+
+def coordinator_error(error: Exception) -> ErrorCode:
+    """:func:`error_code` for the coordinator's APIs (offsets, groups, transactions)."""
+    if isinstance(error, StorageUnavailable):
+        return ErrorCode.coordinator_not_available
+    return error_code(error)

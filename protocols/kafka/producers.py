@@ -1,8 +1,10 @@
 """Idempotent producers: ids, epochs and per-partition sequence numbers (KIP-98).
 
-Kept in this gateway's memory: a producer reconnecting to another gateway (or after a
-restart) starts a fresh sequence, which we accept; retries that cross a restart are
-still caught by the append's dedup key. Kafka remembers the last five batches per
+Kept in this gateway's memory: a batch from a producer (or a partition) this gateway
+has no state for (another gateway had it, or this one restarted) is accepted whatever
+its sequence, as Kafka accepts one after the producer's state expired, and starts the
+sequence afresh; retries that cross gateways or a restart are still caught by the
+append's dedup key. Kafka remembers the last five batches per
 partition, so a retry of any of them gets its first answer again.
 """
 
@@ -45,9 +47,12 @@ class _Partition:
 
 
 class ProducerRegistry:
-    def __init__(self) -> None:
-        # Ids seeded from the clock so a restarted gateway does not reuse live ids.
-        self._ids = itertools.count(int(time.time() * 1000) % (1 << 40) << 8)
+    def __init__(self, node: int = 0) -> None:
+        # Ids seeded from the clock so a restarted gateway does not reuse live ids, and
+        # from the gateway's node id so two gateways never hand out the same one (the
+        # append dedup keys name producer ids).
+        start = (node & 0x7FFF) << 48 | (int(time.time() * 1000) % (1 << 40)) << 8
+        self._ids = itertools.count(start)
         self._epochs: dict[int, int] = {}
         self._transactional: dict[str, int] = {}
         self._partitions: dict[tuple[int, QueueRef], _Partition] = {}

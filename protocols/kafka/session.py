@@ -9,9 +9,11 @@ from typing import Any
 
 from gateway.accounts import ANONYMOUS, Accounts, Principal
 from gateway.connections import ConnectionRegistry
+from gateway.directory import GatewayDirectory, GatewayEndpoint
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller, Processor
 from protocols.kafka._state import AuthState
+from protocols.kafka.cluster import ClusterView, cluster_view
 from protocols.kafka.compaction import Compactor
 from protocols.kafka.consumer_groups import ConsumerGroups
 from protocols.kafka.coordinator import GroupCoordinator
@@ -33,6 +35,7 @@ class Broker:
         self.processor: Processor = context.processor
         self.accounts: Accounts = context.accounts
         self.connections: ConnectionRegistry = context.connections
+        self.directory: GatewayDirectory = context.directory
         self.config = context.config.kafka
         self.max_frame_bytes = context.config.limits.max_frame_bytes
         # SCRAM needs the password itself to derive the server's keys.
@@ -43,7 +46,9 @@ class Broker:
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms
         )
         self.compactor = Compactor(self.processor)
-        self.producers = ProducerRegistry()
+        self.producers = ProducerRegistry(
+            GatewayEndpoint(gateway_id=context.directory.self_id, host="", port=0).broker_id
+        )
         self.transactions = TransactionState()
         self.consumer_groups = ConsumerGroups()
         self.share_groups = ShareGroups()
@@ -73,6 +78,16 @@ class Session:
     @property
     def processor(self) -> Processor:
         return self.broker.processor
+
+    @property
+    def cluster(self) -> ClusterView:
+        """The gateways as Kafka brokers, for this client (read per request: the
+        directory is a cache that changes as gateways come and go)."""
+        return cluster_view(self.broker.directory, self.advertised)
+
+    def owns(self, key: str) -> bool:
+        """Whether this gateway coordinates ``key`` (a group or transactional id)."""
+        return self.cluster.owns(key)
 
     def queue(self, topic: str, partition: int) -> QueueRef:
         return QueueRef(self.caller.namespace, topic, partition)

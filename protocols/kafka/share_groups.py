@@ -35,6 +35,7 @@ class AckType(IntEnum):
 class _Group:
     epoch: int = 0
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)  # id -> subscription
+    clients: dict[str, tuple[str, str]] = field(default_factory=dict)  # id -> client id, host
 
 
 Acquired = tuple[QueueRef, int]  # queue, offset
@@ -80,10 +81,17 @@ class ShareGroups:
         return topics
 
     def join_or_update(
-        self, namespace: str, group_id: str, member_id: str, subscribed: tuple[str, ...] | None
+        self,
+        namespace: str,
+        group_id: str,
+        member_id: str,
+        subscribed: tuple[str, ...] | None,
+        client: tuple[str, str] = ("", ""),
     ) -> tuple[int, tuple[str, ...]]:
-        """The group epoch and the member's subscription after this heartbeat."""
+        """The group epoch and the member's subscription after this heartbeat
+        (``client``: its client id and host, for ShareGroupDescribe)."""
         group = self._groups.setdefault((namespace, group_id), _Group())
+        group.clients[member_id] = client
         known = group.members.get(member_id)
         if known is None or (subscribed is not None and tuple(sorted(subscribed)) != known):
             group.members[member_id] = tuple(sorted(subscribed or ()))
@@ -94,6 +102,19 @@ class ShareGroups:
         """Group id to member count, for the groups of ``namespace``."""
         return {g: len(group.members) for (ns, g), group in self._groups.items() if ns == namespace}
 
+    def describe(
+        self, namespace: str, group_id: str
+    ) -> tuple[int, dict[str, tuple[tuple[str, ...], tuple[str, str]]]] | None:
+        """The group's epoch and each member's subscription and client (id, host);
+        None if unknown."""
+        group = self._groups.get((namespace, group_id))
+        if group is None:
+            return None
+        members = {
+            m: (topics, group.clients.get(m, ("", ""))) for m, topics in group.members.items()
+        }
+        return group.epoch, members
+
     def is_member(self, namespace: str, group_id: str, member_id: str) -> bool:
         group = self._groups.get((namespace, group_id))
         return group is not None and member_id in group.members
@@ -102,6 +123,7 @@ class ShareGroups:
         """Forget a member; the receipts of what it still holds, to release."""
         group = self._groups.get((namespace, group_id))
         if group is not None and group.members.pop(member_id, None) is not None:
+            group.clients.pop(member_id, None)
             group.epoch += 1
         self.close_session(namespace, group_id, member_id)
         return self.release_all(namespace, group_id, member_id)

@@ -2,7 +2,7 @@
 version both sides name, so a version listed here must be fully handled.
 
 Upper bounds stop before changes we do not implement: Produce v10+ / Fetch v13+ (topic
-ids in requests), Metadata v13, FindCoordinator v4+ (batched keys), OffsetCommit v10+.
+ids in requests), Metadata v13, OffsetCommit v10+.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ SUPPORTED: Mapping[int, tuple[int, int]] = MappingProxyType(
         3: (0, 12),  # Metadata
         8: (2, 9),  # OffsetCommit
         9: (1, 9),  # OffsetFetch
-        10: (0, 3),  # FindCoordinator
+        10: (0, 4),  # FindCoordinator (v4: batched keys)
         11: (0, 7),  # JoinGroup
         12: (0, 4),  # Heartbeat
         13: (0, 4),  # LeaveGroup
@@ -51,6 +51,7 @@ SUPPORTED: Mapping[int, tuple[int, int]] = MappingProxyType(
         68: (0, 1),  # ConsumerGroupHeartbeat
         69: (0, 1),  # ConsumerGroupDescribe
         76: (1, 1),  # ShareGroupHeartbeat
+        77: (1, 1),  # ShareGroupDescribe
         78: (1, 1),  # ShareFetch
         79: (1, 1),  # ShareAcknowledge
     }

@@ -38,6 +38,7 @@ class RocketMQListener:
             config=context.config,
             connections=context.connections,
             options=options or RocketMQOptions(),
+            directory=context.directory,
         )
         self._checker = TransactionChecker(self.runtime)
         self._server: grpc.aio.Server | None = None

@@ -19,6 +19,7 @@ from rocketmq.grpc_protocol import Code
 from gateway.accounts import Accounts, Principal
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionRegistry
+from gateway.directory import GatewayDirectory
 from gateway.processor import Caller, Processor
 from protocols.rocketmq import auth
 from protocols.rocketmq.options import RocketMQOptions
@@ -47,8 +48,11 @@ class Runtime:
         config: GatewayConfig,
         connections: ConnectionRegistry,
         options: RocketMQOptions,
+        directory: GatewayDirectory | None = None,
     ) -> None:
         self.processor = processor
+        # The live gateways (routes name them); None: this one alone.
+        self.directory = directory
         self.accounts = accounts
         self.config = config
         self.options = options

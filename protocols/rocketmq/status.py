@@ -52,6 +52,9 @@ _STORAGE_CODES: dict[type[errors.StorageError], int] = {
     errors.OffsetOutOfRange: Code.ILLEGAL_OFFSET,
     errors.InvalidName: Code.BAD_REQUEST,
     errors.InvalidArgument: Code.BAD_REQUEST,
+    # The storage node holding the resource is out of reach (the separated form): the
+    # clients treat 50002 as a server error and retry (producers on another queue).
+    errors.StorageUnavailable: Code.HA_NOT_AVAILABLE,
     errors.StorageClosed: Code.INTERNAL_SERVER_ERROR,
     errors.StorageFailed: Code.INTERNAL_SERVER_ERROR,
 }

@@ -22,7 +22,7 @@ import heapq
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from types import TracebackType
@@ -98,6 +98,7 @@ log = logging.getLogger(__name__)
 
 _FIFO_SCAN_LIMIT = 4096  # offsets a FIFO pop looks ahead past blocked message groups
 _YIELD_EVERY = 256  # read_batches entries decoded between two yields to the event loop
+_GAP_SCAN = 65_536  # offsets a read looks past compaction's gaps for messages
 _DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
 _MAX_QUEUES = 65_536
 _DLQ_PREFIX = "%DLQ%"
@@ -176,6 +177,7 @@ class Engine:
             )
             replayed += 1
         self._reconcile_indexes()
+        self._state.staged_copies.clear()  # copies of compactions a crash cut short
         # Hand-outs of a pop with durable=False may be lost by a crash, their receipts
         # still held by clients: new hand-outs must never reuse their seqs. Starting
         # above the clock's milliseconds times 65,536 does that (a node would have to
@@ -423,6 +425,127 @@ class Engine:
             end = self._meta(op="trim", id=topic.id, queue=queue.queue_id, offset=before_offset)
             await self._log.wait_durable(end)
         return QueueOffsets(index.earliest, index.end)
+
+    async def compact(
+        self,
+        queue: QueueRef,
+        drop: Sequence[int] = (),
+        rewrite: Mapping[int, BatchEntry] | None = None,
+    ) -> int:
+        """See :meth:`storage.api.StorageAPI.compact`.
+
+        Crash safety by ordering: the copies are written first as staged records that
+        change nothing by themselves, then one closing "compact" record applies them
+        with the gaps. A crash before the closing record is durable leaves the queue
+        as it was; after, the replay applies the same change. The old records are then
+        referenced by no index entry and go with their segments under retention.
+
+        Positions must stay in offset order along the queue (retention and recovery
+        binary-search them), so every entry from the first changed offset to the end
+        is copied, and no append may be half-done meanwhile: writers are held at the
+        gate while the copies are reserved, as a checkpoint holds them.
+        """
+        await self._writable()
+        _, index = self._state.queue(queue)
+        asked = [*drop, *(rewrite or {})]
+        if asked and (max(asked) >= index.end or min(asked) < 0):
+            raise InvalidArgument(f"compaction of {queue} names offsets outside [0, {index.end})")
+        async with self._maintenance_lock:
+            self._gate.clear()
+            try:
+                await self._log.wait_durable()  # every reserved append is indexed now
+                self._check_open()
+                topic, index = self._state.queue(queue)  # retention may have trimmed it
+                dropped = {o for o in drop if o >= index.base}
+                replaced = {o: e for o, e in (rewrite or {}).items() if o >= index.base}
+                if not dropped and not replaced:
+                    return 0
+                end, emptied = self._compact_now(topic, queue.queue_id, index, dropped, replaced)
+            finally:
+                self._gate.set()
+        await self._log.wait_durable(end)
+        return emptied
+
+    def _compact_now(
+        self,
+        topic: Topic,
+        queue_id: int,
+        index: QueueIndex,
+        dropped: set[int],
+        rewrite: dict[int, BatchEntry],
+    ) -> tuple[int, int]:
+        """Reserve the copies and the closing record; returns the log end to wait for
+        and how many offsets become gaps. Synchronous: nothing is appended between."""
+        first = min(o for o in (*dropped, *rewrite) if o >= index.base)
+        first -= index.get(first).batch_index  # from the start of its entry
+        first = max(first, index.base)
+        copies: list[tuple[int, IndexEntry, bytes | None]] = []  # base, entry, new entry
+        gaps: set[int] = set()  # new and earlier ones: all get positions in order again
+        emptied = 0
+        offset = first
+        while offset < index.end:
+            entry = index.get(offset)
+            if not entry.size:
+                gaps.add(offset)
+                offset += 1
+                continue
+            base = offset - entry.batch_index
+            span = range(max(base, index.base), base + entry.batch_count)
+            present = [o for o in span if index.get(o).size]
+            going = [o for o in present if o in dropped]
+            replacement = rewrite.pop(base, None)
+            if replacement is not None:
+                if replacement.size != entry.batch_count:
+                    raise InvalidArgument(
+                        f"offset {base} of {topic.name}[{queue_id}] starts an entry of "
+                        f"{entry.batch_count} offsets, not {replacement.size}"
+                    )
+                copies.append((base, entry, rec.encode_entry(replacement)))
+            elif len(going) < len(present):
+                if going:
+                    raise InvalidArgument(
+                        f"offsets {span.start}-{span.stop - 1} of {topic.name}[{queue_id}] "
+                        "are one entry: drop all of them or rewrite it"
+                    )
+                copies.append((base, entry, None))
+            emptied += len(going)
+            gaps.update(o for o in span if o in dropped or o not in present)
+            offset = span.stop
+        if rewrite:
+            raise InvalidArgument(f"offsets {sorted(rewrite)} start no entry")
+        cid = self._log.end
+        spans = [(entry.position, entry.size) for _, entry, new in copies if new is None]
+        payloads = iter(self._log.read_many(spans)) if spans else iter(())
+        for base, entry, new in copies:
+            original = rec.decode_record(next(payloads)) if new is None else None
+            assert original is None or isinstance(original, rec.MessageRecord)
+            record = rec.MessageRecord(
+                flags=rec.MESSAGE_COPY,
+                store_ms=entry.store_ms,
+                message_id=original.message_id if original else self._message_id_at(entry),
+                source=-1,
+                count=entry.batch_count,
+                due_ms=cid,
+                group_hash=entry.group_hash,
+                tag_hash=entry.tag_hash,
+                dispatches=(rec.Dispatch(topic.id, queue_id, base),),
+                aux="",
+                entry=original.entry if original else (new or b""),
+            )
+            payload = rec.encode_record(record)
+            position = self._log.reserve(payload)
+            self._state.stage_copy(position, HEADER_SIZE + len(payload), record)
+        ranges = _ranges(sorted(gaps))
+        op = {"op": "compact", "cid": cid, "id": topic.id, "queue": queue_id, "gaps": ranges}
+        self._log.reserve(
+            rec.encode_record(rec.Meta(op)),
+            on_durable=lambda: self._state.apply_compaction(cid, topic.id, queue_id, ranges),
+        )
+        return self._log.end, emptied
+
+    def _message_id_at(self, entry: IndexEntry) -> str:
+        message_id, _ = rec.read_message_entry(self._log.read(entry.position, entry.size))
+        return message_id
 
     async def offset_for_timestamp(self, queue: QueueRef, timestamp_ms: int) -> int:
         self._check_open()
@@ -721,11 +844,12 @@ class Engine:
                     queue.waiters.remove(future)
 
     async def _readable(self, ref: QueueRef, offset: int, wait_ms: int) -> QueueIndex:
-        """The queue's index once ``offset`` is valid, after a long poll if it is the end."""
+        """The queue's index once ``offset`` is valid, after a long poll if it is the end
+        (or only compaction's gaps lie between it and the end)."""
         self._check_open()
         _, index = self._state.queue(ref)
         self._check_offset(ref, index, offset)
-        if offset >= index.end and wait_ms > 0:
+        if wait_ms > 0 and _nothing_from(index, offset):
             await self._wait_for_data([index], self._now() + wait_ms)
             self._check_open()
             _, index = self._state.queue(ref)  # the topic may be gone by now
@@ -752,13 +876,22 @@ class Engine:
         index = await self._readable(queue, offset, wait_ms)
         messages: list[StoredMessage] = []
         total = 0
-        stop = min(index.end, offset + max(1, max_messages))
-        entries = [index.get(current) for current in range(offset, stop)]
-        for current, entry, (message, message_id) in zip(
-            range(offset, stop), entries, self._messages_at(entries), strict=True
-        ):
+        wanted = max(1, max_messages)
+        stop = min(index.end, offset + wanted)
+        entries = [(c, e) for c in range(offset, stop) if (e := index.get(c)).size]
+        scanned = stop
+        while len(entries) < wanted and scanned < index.end and scanned - offset < _GAP_SCAN:
+            # Compaction's gaps (size 0) hold no message: look further, within a bound.
+            entry = index.get(scanned)
+            if entry.size:
+                entries.append((scanned, entry))
+            scanned += 1
+        next_offset = scanned
+        loaded = self._messages_at([e for _, e in entries])
+        for (current, entry), (message, message_id) in zip(entries, loaded, strict=True):
             total += len(message.body)
             if messages and total > max_bytes:
+                next_offset = current
                 break
             messages.append(
                 StoredMessage(
@@ -769,7 +902,6 @@ class Engine:
                     store_timestamp_ms=entry.store_ms,
                 )
             )
-        next_offset = offset + len(messages)
         return ReadResult(
             messages=tuple(messages),
             next_offset=next_offset,
@@ -797,6 +929,9 @@ class Engine:
                 if now_index is not index or current < index.earliest:
                     break  # recreated, or retention moved the start meanwhile
             entry = index.get(current)
+            if not entry.size:  # a gap left by compaction
+                current += 1
+                continue
             base = max(current - entry.batch_index, index.base)
             message_id, decoded = self._load(entry.position, entry.size, messages=False)
             if isinstance(decoded, BatchEntry):
@@ -1058,6 +1193,10 @@ class Engine:
             cursor = self._state.cursor((namespace, group), topic.id, ref.queue_id)
             for offset in self._pop_candidates(cursor, queue, config.fifo, now):
                 entry = queue.get(offset)
+                if not entry.size:  # a gap left by compaction: nothing to hand out
+                    self._ack_now(group, topic.id, ref.queue_id, offset)
+                    logged = True
+                    continue
                 [(message, message_id)] = self._messages_at([entry])
                 previous = cursor.inflight.get(offset)
                 attempt = previous.attempt + 1 if previous else 1
@@ -1556,6 +1695,26 @@ def _member(
     if entry.batch_count > 1:
         message_id = f"{message_id}-{entry.batch_index}"
     return decoded.messages[entry.batch_index], message_id
+
+
+def _nothing_from(index: QueueIndex, offset: int) -> bool:
+    """Whether no record lies at or after ``offset``: the end, or gaps up to it (looked
+    at within a bound: past it, the read itself skips them)."""
+    stop = offset + _GAP_SCAN
+    if stop < index.end:
+        return False
+    return not any(index.get(current).size for current in range(offset, index.end))
+
+
+def _ranges(offsets: Sequence[int]) -> list[list[int]]:
+    """Sorted offsets as ``[first, end)`` runs (compact on disk, in the closing record)."""
+    runs: list[list[int]] = []
+    for offset in offsets:
+        if runs and runs[-1][1] == offset:
+            runs[-1][1] = offset + 1
+        else:
+            runs.append([offset, offset + 1])
+    return runs
 
 
 def _nesting_depth(value: Any, depth: int = 0) -> int:

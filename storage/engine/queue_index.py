@@ -1,5 +1,10 @@
 """Per-queue index: one fixed-size entry per offset, pointing into the commit log.
 
+An entry of size 0 is a gap: an offset compaction removed (readers skip it, as Kafka
+consumers skip the offsets its cleaner removed). Positions never decrease along a
+queue, gaps included (a gap takes its successor's position), so binary searches by
+position stay valid after a compaction.
+
 An entry is ``position u64 | size u32 | batch_index u16 | batch_count u16 |
 store_ms i64 | group_hash u32 | tag_hash u32`` (32 bytes), as RocketMQ's consume
 queue keeps the tag hash beside the position so filters and FIFO groups need no read
@@ -74,6 +79,10 @@ class QueueIndex:
             pack(position, size, index, count, store_ms, group_hash, tag_hash)
             for index in range(count)
         )
+
+    def put(self, offset: int, entry: IndexEntry) -> None:
+        """Overwrite one entry (compaction re-points kept offsets and empties others)."""
+        _ENTRY.pack_into(self.entries, (offset - self.base) * ENTRY_SIZE, *entry)
 
     def get(self, offset: int) -> IndexEntry:
         return IndexEntry._make(_ENTRY.unpack_from(self.entries, (offset - self.base) * ENTRY_SIZE))

@@ -283,6 +283,10 @@ class Dispatch(NamedTuple):
 
 MESSAGE_SCHEDULED = 1  # held until delivery time
 MESSAGE_HALF = 2  # held until the transaction commits
+# A compaction's copy of an entry already in its queue (``dispatches`` has its one queue
+# and first offset, ``due_ms`` the compaction's id): not applied until the compaction's
+# closing "compact" metadata record, so a compaction a crash cut short changes nothing.
+MESSAGE_COPY = 4
 
 
 @dataclass(frozen=True, slots=True)

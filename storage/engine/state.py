@@ -24,7 +24,7 @@ import crc32c
 from storage.clock import Clock
 from storage.engine import records as rec
 from storage.engine.pop_state import Inflight, PopCursor
-from storage.engine.queue_index import QueueIndex
+from storage.engine.queue_index import IndexEntry, QueueIndex
 from storage.errors import NamespaceNotFound, QueueNotFound, TopicNotFound
 from storage.model import (
     UNLIMITED,
@@ -154,6 +154,9 @@ class EngineState:
         self.kv: dict[tuple[str, str], dict[str, Any]] = {}
         self.pop_seq = 0
         self.due_changed = asyncio.Event()
+        # Copies written by a compaction, by its id, until its closing record applies
+        # them (a compaction without one, cut short by a crash, is never applied).
+        self.staged_copies: dict[int, list[tuple[int, int, rec.MessageRecord]]] = {}
 
     def now(self) -> int:
         return self.clock.now_ms()
@@ -278,6 +281,8 @@ class EngineState:
 
     def replay(self, position: int, size: int, record: rec.Record) -> None:
         match record:
+            case rec.MessageRecord() if record.flags & rec.MESSAGE_COPY:
+                self.stage_copy(position, size, record)
             case rec.MessageRecord():
                 self.apply_message(position, size, record)
                 self.publish(position, size, record)
@@ -350,6 +355,8 @@ class EngineState:
                 per_queue.pop((tid, qid), None)
             if not per_queue:  # a group with no offsets left is gone (Kafka's DeleteGroups)
                 self.offsets.pop(group_key, None)
+        elif kind == "compact":
+            self.apply_compaction(op["cid"], op["id"], op["queue"], op["gaps"])
         elif kind == "kv_put":
             self.kv.setdefault((op["ns"], op["kind"]), {})[op["name"]] = op["value"]
         elif kind == "kv_delete":
@@ -378,6 +385,44 @@ class EngineState:
             self.drop_held(record.source)
         elif record.aux and not record.flags & rec.MESSAGE_HALF:
             self.remember(record)  # aux of a new (not half) message is its dedup key
+
+    def stage_copy(self, position: int, size: int, record: rec.MessageRecord) -> None:
+        self.staged_copies.setdefault(record.due_ms, []).append((position, size, record))
+
+    def apply_compaction(self, cid: int, tid: int, qid: int, gaps: list[list[int]]) -> None:
+        """Point the copied offsets at their copies and empty the removed ones. Gaps
+        are ``[first, end)`` ranges; each gap takes the position of the offset after it
+        (the compaction's own start, ``cid``, at the end), so positions stay in order
+        (copies come after everything they replace) and a gap pins no old segment."""
+        copies = self.staged_copies.pop(cid, [])
+        topic = self.topics_by_id.get(tid)
+        if topic is None or qid >= len(topic.queues):
+            return  # deleted since
+        queue = topic.queues[qid]
+        for position, size, record in copies:
+            first = record.dispatches[0].offset
+            for index in range(record.count):
+                offset = first + index
+                if queue.base <= offset < queue.end:
+                    queue.put(
+                        offset,
+                        IndexEntry(
+                            position,
+                            size,
+                            index,
+                            record.count,
+                            record.store_ms,
+                            record.group_hash,
+                            record.tag_hash,
+                        ),
+                    )
+        for start, end in reversed(gaps):
+            for offset in reversed(range(max(start, queue.base), min(end, queue.end))):
+                after = queue.position(offset + 1) if offset + 1 < queue.end else cid
+                queue.put(offset, IndexEntry(after, 0, 0, 1, queue.store_ms(offset), 0, 0))
+        # Entries changed below what the index file holds: rewrite it whole.
+        queue.file_base = None
+        self.dirty_queues.add((tid, qid))
 
     def remember(self, record: rec.MessageRecord) -> None:
         """Keep a dedup key (with what its append returned) for the dedup window."""

@@ -31,11 +31,7 @@ AUTH = AuthConfig(
     ),
 )
 
-KNOWN_FAILURES: dict[str, str] = {
-    # confluent-kafka 2.16.1 AdminClient.list_topics() (Metadata v12, all topics): the
-    # server answers "API 3 v12: 3 bytes left" and closes the connection.
-    "kafka.metadata-all-topics": "Metadata v12 with a null topic list is rejected",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 CASES = cases_for(PROTOCOLS)
 

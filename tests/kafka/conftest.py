@@ -17,7 +17,7 @@ _names = itertools.count()
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
     data_dir: Path = tmp_path_factory.mktemp("kafka")
     with live_server(data_dir, ("kafka",), factories={"kafka": kafka_listener}) as live:
         yield live

@@ -141,7 +141,9 @@ def test_acks_zero_gets_no_response(server: LiveServer, topic: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def strict_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def strict_server(
+    tmp_path_factory: pytest.TempPathFactory, server_form: str
+) -> Iterator[LiveServer]:
     data_dir: Path = tmp_path_factory.mktemp("kafka-strict")
     with live_server(
         data_dir,

@@ -38,7 +38,7 @@ ACCOUNTS = AuthConfig(
 
 
 @pytest.fixture(scope="module")
-def secure(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def secure(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
     data_dir: Path = tmp_path_factory.mktemp("kafka-sasl")
     config = dataclasses.replace(server_config(data_dir, ("kafka",)), auth=ACCOUNTS)
     with live_server(data_dir, ("kafka",), config=config, factories={"kafka": kafka_listener}) as s:

@@ -9,8 +9,11 @@ from typing import Any
 from confluent_kafka import AcknowledgeType, Message, ShareConsumer
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from kio.schema.errors import ErrorCode
 
 from tests.kafka.clients import confluent_producer
+from tests.kafka.raw import RawKafka
+from tests.live_server import LiveServer
 
 LIMIT_S = 30.0
 
@@ -81,3 +84,35 @@ def test_release_redelivers_and_reject_archives(bootstrap: str, topic: str) -> N
         assert _poll(consumer, 1.0) == []
     finally:
         consumer.close()
+
+
+def test_share_group_describe_lists_members_and_assignments(server: LiveServer, topic: str) -> None:
+    host, port = server.address("kafka")
+    _topic_with(f"{host}:{port}", topic, 3, 0)
+    group = f"s-{topic}"
+    with RawKafka(host, port) as client:
+        joined = client.request(
+            76,
+            1,
+            {
+                "group_id": group,
+                "member_id": "",
+                "member_epoch": 0,
+                "subscribed_topic_names": [topic],
+            },
+        )
+        assert joined.error_code is ErrorCode.none
+        answer = client.request(77, 1, {"group_ids": [group, f"{group}-absent"]})
+    found, absent = answer.groups
+    assert absent.error_code is ErrorCode.group_id_not_found
+    assert (found.error_code, found.group_state, found.assignor_name) == (
+        ErrorCode.none,
+        "Stable",
+        "simple",
+    )
+    [member] = found.members
+    assert member.member_id == joined.member_id
+    assert (member.client_id, member.client_host) == ("raw", "/127.0.0.1")
+    assert list(member.subscribed_topic_names) == [topic]
+    [assigned] = member.assignment.topic_partitions
+    assert (assigned.topic_name, list(assigned.partitions)) == (topic, [0, 1, 2])

@@ -63,6 +63,7 @@ HANDLERS: Mapping[int, Handler] = MappingProxyType(
         68: consumer_group.consumer_group_heartbeat,
         69: consumer_group.consumer_group_describe,
         76: share.share_group_heartbeat,
+        77: share.share_group_describe,
         78: share.share_fetch,
         79: share.share_acknowledge,
     }

@@ -51,8 +51,16 @@ _KEPT = ("cleanup.policy", "delete.retention.ms")
 
 def topic_config_from(values: dict[str, str | None], base: TopicConfig) -> TopicConfig:
     """``base`` with Kafka config ``values`` applied (``None`` resets to default).
-    Raises ValueError for a config we do not know or a bad value."""
+    Raises ValueError for a config we do not know or a bad value.
+
+    ``cleanup.policy=compact`` alone keeps records until compaction removes them, as in
+    Kafka (where retention.ms applies to the delete policy only): the storage topic
+    then keeps everything (``retention_ms`` unlimited), so a key's latest value never
+    ages out, unless the same request sets ``retention.ms`` (applied then: our
+    retention is storage's, which Kafka would not apply to a compact-only topic)."""
     changes: dict[str, int | None] = {}
+    if values.get("cleanup.policy") == "compact":
+        changes.update(retention_ms=UNLIMITED, retention_bytes=None)
     for name, value in values.items():
         if name == "cleanup.policy":
             if value is not None and value not in _POLICIES:

@@ -17,6 +17,13 @@ __all__ = ["consumer_group_describe", "consumer_group_heartbeat"]
 
 
 async def consumer_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not session.owns(request.group_id):
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.not_coordinator,
+            "member_id": request.member_id,
+            "member_epoch": request.member_epoch,
+        }
     groups = session.broker.consumer_groups
     namespace = session.namespace
     names = request.subscribed_topic_names
@@ -67,6 +74,9 @@ async def consumer_group_describe(session: Session, request: Any, version: int) 
     groups = session.broker.consumer_groups
     described = []
     for group_id in request.group_ids:
+        if not session.owns(group_id):
+            described.append({"error_code": ErrorCode.not_coordinator, "group_id": group_id})
+            continue
         found = groups.describe(session.namespace, group_id)
         if found is None:
             described.append(

@@ -1,6 +1,7 @@
 """FindCoordinator, the classic group protocol, committed offsets and group
-administration. Membership is the coordinator's (this gateway's memory); offsets are
-committed to storage through the processor."""
+administration. Membership is the coordinator's (its gateway's memory), so a group's
+requests reaching another gateway get NOT_COORDINATOR (protocols/kafka/cluster.py);
+offsets are committed to storage through the processor, so any gateway reads them."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from kio.schema.errors import ErrorCode
 from gateway.accounts import AuthError
 from protocols.kafka.codec import ms
 from protocols.kafka.coordinator import GroupState
-from protocols.kafka.errors import error_code
-from protocols.kafka.handlers.topics import NODE_ID
+from protocols.kafka.errors import coordinator_error
 from protocols.kafka.session import Session
-from storage.errors import StorageError
+from storage.errors import StorageError, StorageUnavailable
 
 # Kafka's group.min.session.timeout.ms is 6 s; a little lower lets tests run fast.
 _MIN_SESSION_MS = 1_000
@@ -35,21 +35,42 @@ __all__ = [
 ]
 
 
+_NOT_COORDINATOR = ErrorCode.not_coordinator
+
+
 async def find_coordinator(session: Session, request: Any, version: int) -> dict[str, Any]:
-    """Every group and transaction is coordinated by the gateway asked (one gateway
-    per deployment for now: see docs/kafka.md)."""
-    host, port = session.advertised
+    """The gateway owning each key (group or transactional id alike) among the live
+    gateways; v4 on asks for many keys at once."""
+    cluster = session.cluster
+    if version >= 4:
+        coordinators = []
+        for key in request.coordinator_keys:
+            node = cluster.owner(key)
+            coordinators.append(
+                {
+                    "key": key,
+                    "node_id": node.node_id,
+                    "host": node.host,
+                    "port": node.port,
+                    "error_code": ErrorCode.none,
+                    "error_message": None,
+                }
+            )
+        return {"throttle_time": 0, "coordinators": coordinators}
+    node = cluster.owner(request.key)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
         "error_message": None,
-        "node_id": NODE_ID,
-        "host": host,
-        "port": port,
+        "node_id": node.node_id,
+        "host": node.host,
+        "port": node.port,
     }
 
 
 async def join_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not session.owns(request.group_id):
+        return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "member_id": request.member_id}
     session_ms = ms(request.session_timeout)
     if not _MIN_SESSION_MS <= session_ms <= _MAX_SESSION_MS:
         return {"throttle_time": 0, "error_code": ErrorCode.invalid_session_timeout}
@@ -86,6 +107,8 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
 
 
 async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not session.owns(request.group_id):
+        return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
     result = await session.broker.coordinator.sync(
         session.namespace,
         request.group_id,
@@ -103,6 +126,8 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
 
 
 async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not session.owns(request.group_id):
+        return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
     error = session.broker.coordinator.heartbeat(
         session.namespace, request.group_id, request.member_id, request.generation_id
     )
@@ -111,6 +136,8 @@ async def heartbeat(session: Session, request: Any, version: int) -> dict[str, A
 
 async def leave_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     coordinator = session.broker.coordinator
+    if not session.owns(request.group_id):
+        return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "members": []}
     if version < 3:
         error = coordinator.leave(session.namespace, request.group_id, request.member_id)
         return {"throttle_time": 0, "error_code": error}
@@ -126,7 +153,9 @@ async def leave_group(session: Session, request: Any, version: int) -> dict[str,
 
 
 async def offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
-    if session.broker.consumer_groups.is_consumer_group(session.namespace, request.group_id):
+    if not session.owns(request.group_id):
+        check = _NOT_COORDINATOR
+    elif session.broker.consumer_groups.is_consumer_group(session.namespace, request.group_id):
         check = session.broker.consumer_groups.check_commit(
             session.namespace, request.group_id, request.member_id
         )
@@ -152,25 +181,32 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
                         p.committed_metadata or "",
                     )
                 except (StorageError, AuthError) as e:
-                    code = error_code(e)
+                    code = coordinator_error(e)
             results.append({"partition_index": p.partition_index, "error_code": code})
         topics.append({"name": topic.name, "partitions": results})
     return {"throttle_time": 0, "topics": topics}
 
 
 async def offset_fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
-    """v8 on asks for many groups at once; before, for one."""
+    """v8 on asks for many groups at once; before, for one. Storage out of reach is
+    the group's error (clients retry COORDINATOR_NOT_AVAILABLE there, not per
+    partition)."""
     if version >= 8:
-        groups = [
-            {
-                "group_id": g.group_id,
-                "topics": await _group_offsets(session, g.group_id, g.topics),
-                "error_code": ErrorCode.none,
-            }
-            for g in request.groups
-        ]
+        groups = []
+        for g in request.groups:
+            try:
+                topics = await _group_offsets(session, g.group_id, g.topics)
+            except StorageUnavailable as e:
+                groups.append({"group_id": g.group_id, "error_code": coordinator_error(e)})
+            else:
+                groups.append(
+                    {"group_id": g.group_id, "topics": topics, "error_code": ErrorCode.none}
+                )
         return {"throttle_time": 0, "groups": groups}
-    topics = await _group_offsets(session, request.group_id, request.topics)
+    try:
+        topics = await _group_offsets(session, request.group_id, request.topics)
+    except StorageUnavailable as e:
+        return {"throttle_time": 0, "topics": [], "error_code": coordinator_error(e)}
     return {"throttle_time": 0, "topics": topics, "error_code": ErrorCode.none}
 
 
@@ -199,9 +235,11 @@ async def _group_offsets(session: Session, group: str, requested: Any) -> list[d
                 found = await session.processor.fetch_offset(
                     session.caller, group, session.queue(name, index)
                 )
+            except StorageUnavailable:
+                raise
             except (StorageError, AuthError) as e:
-                if error_code(e) is not ErrorCode.unknown_topic_or_partition:
-                    result["error_code"] = error_code(e)
+                if coordinator_error(e) is not ErrorCode.unknown_topic_or_partition:
+                    result["error_code"] = coordinator_error(e)
             else:
                 if found is not None:
                     result.update(committed_offset=found.offset, metadata=found.metadata)
@@ -211,6 +249,8 @@ async def _group_offsets(session: Session, group: str, requested: Any) -> list[d
 
 
 async def offset_delete(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not session.owns(request.group_id):
+        return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "topics": []}
     coordinator = session.broker.coordinator
     described = coordinator.describe(session.namespace, request.group_id)
     busy = described is not None and described[0] is not GroupState.EMPTY
@@ -226,7 +266,7 @@ async def offset_delete(session: Session, request: Any, version: int) -> dict[st
                         session.caller, request.group_id, [queue]
                     )
                 except (StorageError, AuthError) as e:
-                    code = error_code(e)
+                    code = coordinator_error(e)
             results.append({"partition_index": p.partition_index, "error_code": code})
         topics.append({"name": topic.name, "partitions": results})
     return {"throttle_time": 0, "error_code": ErrorCode.none, "topics": topics}
@@ -236,6 +276,9 @@ async def describe_groups(session: Session, request: Any, version: int) -> dict[
     coordinator = session.broker.coordinator
     groups = []
     for group_id in request.groups:
+        if not session.owns(group_id):
+            groups.append({"error_code": _NOT_COORDINATOR, "group_id": group_id})
+            continue
         described = coordinator.describe(session.namespace, group_id)
         if described is None:
             stored = await session.processor.list_groups(session.caller)
@@ -279,7 +322,8 @@ async def describe_groups(session: Session, request: Any, version: int) -> dict[
 
 async def list_groups(session: Session, request: Any, version: int) -> dict[str, Any]:
     """Classic groups (live, or known from committed offsets), KIP-848 consumer groups
-    and share groups, with their type (v5)."""
+    and share groups, with their type (v5): those this gateway coordinates, since admin
+    clients ask every broker and add the answers up."""
     broker = session.broker
     listed: dict[str, tuple[str, str, str]] = {  # id -> protocol type, state, group type
         name: ("consumer", GroupState.EMPTY.value, "classic")
@@ -293,10 +337,11 @@ async def list_groups(session: Session, request: Any, version: int) -> dict[str,
         listed[name] = ("share", "Stable" if count else "Empty", "share")
     states = set(getattr(request, "states_filter", ()) or ())
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
+    cluster = session.cluster
     groups = [
         {"group_id": name, "protocol_type": ptype, "group_state": state, "group_type": gtype}
         for name, (ptype, state, gtype) in sorted(listed.items())
-        if (not states or state in states) and (not types or gtype in types)
+        if (not states or state in states) and (not types or gtype in types) and cluster.owns(name)
     ]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
@@ -305,6 +350,9 @@ async def delete_groups(session: Session, request: Any, version: int) -> dict[st
     results = []
     stored = set(await session.processor.list_groups(session.caller))
     for group_id in request.groups_names:
+        if not session.owns(group_id):
+            results.append({"group_id": group_id, "error_code": _NOT_COORDINATOR})
+            continue
         known = group_id in stored or session.broker.coordinator.describe(
             session.namespace, group_id
         )
@@ -315,6 +363,6 @@ async def delete_groups(session: Session, request: Any, version: int) -> dict[st
             try:
                 await session.processor.delete_group_offsets(session.caller, group_id)
             except (StorageError, AuthError) as e:
-                code = error_code(e)
+                code = coordinator_error(e)
         results.append({"group_id": group_id, "error_code": code})
     return {"throttle_time": 0, "results": results}

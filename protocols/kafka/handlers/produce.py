@@ -197,6 +197,13 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
     """A transactional id keeps its producer id with a new epoch; a transaction the
     previous instance left open is aborted first, as Kafka does."""
     transactional_id = request.transactional_id
+    if transactional_id and not session.owns(transactional_id):
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.not_coordinator,
+            "producer_id": -1,
+            "producer_epoch": -1,
+        }
     if transactional_id:
         previous = session.broker.transactions.get(session.namespace, transactional_id)
         if previous is not None:

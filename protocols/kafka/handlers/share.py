@@ -14,13 +14,13 @@ from gateway.accounts import AuthError
 from protocols.kafka.codec import ms
 from protocols.kafka.errors import error_code
 from protocols.kafka.handlers.fetch import encode_messages
-from protocols.kafka.handlers.topics import NODE_ID, topic_names, topic_partitions
+from protocols.kafka.handlers.topics import topic_names, topic_partitions
 from protocols.kafka.session import Session
 from protocols.kafka.share_groups import HEARTBEAT_INTERVAL_MS, LOCK_MS, AckType
 from storage.errors import StorageError
 from storage.model import QueueRef, StoredMessage
 
-__all__ = ["share_acknowledge", "share_fetch", "share_group_heartbeat"]
+__all__ = ["share_acknowledge", "share_fetch", "share_group_describe", "share_group_heartbeat"]
 
 _LEAVE_EPOCH = -1
 _CLOSE_SESSION = -1
@@ -31,6 +31,8 @@ async def share_group_heartbeat(session: Session, request: Any, version: int) ->
     groups = session.broker.share_groups
     namespace, group = session.namespace, request.group_id
     member_id = request.member_id or str(uuid.uuid4())
+    if not session.owns(group):
+        return {"error_code": ErrorCode.not_coordinator, "member_id": member_id}
     if request.member_epoch == _LEAVE_EPOCH:
         await _release(session, group, groups.leave(namespace, group, member_id))
         return {"error_code": ErrorCode.none, "member_id": member_id, "member_epoch": -1}
@@ -38,7 +40,11 @@ async def share_group_heartbeat(session: Session, request: Any, version: int) ->
         return {"error_code": ErrorCode.unknown_member_id, "member_id": member_id}
     names = request.subscribed_topic_names
     epoch, subscription = groups.join_or_update(
-        namespace, group, member_id, tuple(names) if names is not None else None
+        namespace,
+        group,
+        member_id,
+        tuple(names) if names is not None else None,
+        (session.client_id or "", session.peer),
     )
     partitions, ids = await topic_partitions(session, set(subscription))
     return {
@@ -53,6 +59,66 @@ async def share_group_heartbeat(session: Session, request: Any, version: int) ->
                 for name, count in sorted(partitions.items())
             ]
         },
+    }
+
+
+async def share_group_describe(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """Members, their subscriptions and assignments (every partition of what they
+    subscribe to: every member shares every partition)."""
+    described = []
+    for group_id in request.group_ids:
+        found = session.broker.share_groups.describe(session.namespace, group_id)
+        if not session.owns(group_id):  # only the coordinator knows the members
+            described.append({"error_code": ErrorCode.not_coordinator, "group_id": group_id})
+            continue
+        if found is None:
+            described.append(
+                {
+                    "error_code": ErrorCode.group_id_not_found,
+                    "group_id": group_id,
+                    "group_state": "Dead",
+                }
+            )
+            continue
+        epoch, members = found
+        partitions, ids = await topic_partitions(
+            session, {t for topics, _ in members.values() for t in topics}
+        )
+
+        described.append(
+            {
+                "error_code": ErrorCode.none,
+                "group_id": group_id,
+                "group_state": "Stable" if members else "Empty",
+                "group_epoch": epoch,
+                "assignment_epoch": epoch,
+                "assignor_name": "simple",
+                "members": [
+                    {
+                        "member_id": member_id,
+                        "member_epoch": epoch,
+                        "client_id": client_id,
+                        "client_host": client_host,
+                        "subscribed_topic_names": list(topics),
+                        "assignment": _assignment(topics, partitions, ids),
+                    }
+                    for member_id, (topics, (client_id, client_host)) in sorted(members.items())
+                ],
+                "authorized_operations": -2147483648,
+            }
+        )
+    return {"throttle_time": 0, "groups": described}
+
+
+def _assignment(
+    topics: tuple[str, ...], partitions: dict[str, int], ids: dict[str, uuid.UUID]
+) -> dict[str, Any]:
+    return {
+        "topic_partitions": [
+            {"topic_id": ids[t], "topic_name": t, "partitions": list(range(partitions[t]))}
+            for t in topics
+            if t in partitions
+        ]
     }
 
 
@@ -110,7 +176,7 @@ def _empty_result(index: int) -> dict[str, Any]:
         "partition_index": index,
         "error_code": ErrorCode.none,
         "acknowledge_error_code": ErrorCode.none,
-        "current_leader": {"leader_id": NODE_ID, "leader_epoch": 0},
+        "current_leader": {"leader_id": -1, "leader_epoch": -1},
         "records": b"",
         "acquired_records": [],
     }
@@ -120,7 +186,10 @@ async def share_fetch(session: Session, request: Any, version: int) -> dict[str,
     group, member_id = request.group_id or "", request.member_id or ""
     shares = session.broker.share_groups
     namespace = session.namespace
-    if not shares.is_member(namespace, group, member_id):
+    # Members are known to the group's coordinator only; clients fetch from each
+    # partition's leader, so another gateway serves the member's share session as is
+    # (what it acquires is locked in storage, and released when the lock runs out).
+    if session.owns(group) and not shares.is_member(namespace, group, member_id):
         return {"error_code": ErrorCode.unknown_member_id, "acquisition_lock_timeout": LOCK_MS}
     results: dict[tuple[Any, int], dict[str, Any]] = {}
     for tid, name, p in await _partitions(session, request.topics):
@@ -153,13 +222,13 @@ async def share_fetch(session: Session, request: Any, version: int) -> dict[str,
     by_topic: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for (tid, _), result in results.items():
         by_topic[tid].append(result)
-    host, port = session.advertised
+    me = session.cluster.me
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
         "acquisition_lock_timeout": LOCK_MS,
         "responses": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
-        "node_endpoints": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "node_endpoints": [{"node_id": me.node_id, "host": me.host, "port": me.port, "rack": None}],
     }
 
 
@@ -237,15 +306,15 @@ async def share_acknowledge(session: Session, request: Any, version: int) -> dic
             {
                 "partition_index": p.partition_index,
                 "error_code": code,
-                "current_leader": {"leader_id": NODE_ID, "leader_epoch": 0},
+                "current_leader": {"leader_id": -1, "leader_epoch": -1},
             }
         )
     if request.share_session_epoch == _CLOSE_SESSION:
         await _release(session, group, shares.release_all(session.namespace, group, member_id))
-    host, port = session.advertised
+    me = session.cluster.me
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
         "responses": [{"topic_id": t, "partitions": ps} for t, ps in by_topic.items()],
-        "node_endpoints": [{"node_id": NODE_ID, "host": host, "port": port, "rack": None}],
+        "node_endpoints": [{"node_id": me.node_id, "host": me.host, "port": me.port, "rack": None}],
     }

@@ -1,6 +1,7 @@
 """ApiVersions, Metadata, DescribeCluster and topic administration (CreateTopics,
-DeleteTopics, CreatePartitions). The only broker is this gateway: node 0 at the address
-the client reached it on, controller and coordinator too."""
+DeleteTopics, CreatePartitions). The brokers are the live gateways from the gateway
+directory (protocols/kafka/cluster.py): each partition's leader and the controller are
+chosen among them by rendezvous hashing; the merged form has one, this gateway."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
+from protocols.kafka.cluster import ClusterView
 from protocols.kafka.errors import error_code
 from protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
 from protocols.kafka.session import Session
@@ -20,7 +22,6 @@ from storage.model import TopicConfig, TopicInfo
 
 __all__ = [
     "CLUSTER_ID",
-    "NODE_ID",
     "api_versions",
     "api_versions_body",
     "create_partitions",
@@ -34,7 +35,6 @@ __all__ = [
     "topic_partitions",
 ]
 
-NODE_ID = 0
 _TOPIC_IDS = uuid.UUID("6f1b8a52-4d0e-4c8e-9a57-2f4c1f0b7d11")
 CLUSTER_ID = "polymq"
 
@@ -64,24 +64,31 @@ async def api_versions(session: Session, request: Any, version: int) -> dict[str
     return api_versions_body()
 
 
-def _broker(session: Session) -> dict[str, Any]:
-    host, port = session.advertised
-    return {"node_id": NODE_ID, "host": host, "port": port, "rack": None}
-
-
-def _partitions(info: TopicInfo) -> list[dict[str, Any]]:
+def _brokers(cluster: ClusterView) -> list[dict[str, Any]]:
     return [
-        {
-            "error_code": ErrorCode.none,
-            "partition_index": index,
-            "leader_id": NODE_ID,
-            "leader_epoch": 0,
-            "replica_nodes": [NODE_ID],
-            "isr_nodes": [NODE_ID],
-            "offline_replicas": [],
-        }
-        for index in range(info.config.queue_count)
+        {"node_id": node.node_id, "host": node.host, "port": node.port, "rack": None}
+        for node in cluster.all
     ]
+
+
+def _partitions(cluster: ClusterView, info: TopicInfo) -> list[dict[str, Any]]:
+    """Every partition is served by every gateway (storage is shared); the leader
+    named is the one clients should prefer, its only replica."""
+    partitions = []
+    for index in range(info.config.queue_count):
+        leader = cluster.leader(info.name, index).node_id
+        partitions.append(
+            {
+                "error_code": ErrorCode.none,
+                "partition_index": index,
+                "leader_id": leader,
+                "leader_epoch": 0,
+                "replica_nodes": [leader],
+                "isr_nodes": [leader],
+                "offline_replicas": [],
+            }
+        )
+    return partitions
 
 
 def topic_id(info: TopicInfo) -> uuid.UUID:
@@ -117,20 +124,22 @@ async def topic_partitions(
     return partitions, ids
 
 
-def _topic(info: TopicInfo) -> dict[str, Any]:
+def _topic(cluster: ClusterView, info: TopicInfo) -> dict[str, Any]:
     return {
         "error_code": ErrorCode.none,
         "name": info.name,
         "topic_id": topic_id(info),
         "is_internal": False,
-        "partitions": _partitions(info),
+        "partitions": _partitions(cluster, info),
         "topic_authorized_operations": -2147483648,
     }
 
 
-async def _describe_or_create(session: Session, name: str, create: bool) -> dict[str, Any]:
+async def _describe_or_create(
+    session: Session, cluster: ClusterView, name: str, create: bool
+) -> dict[str, Any]:
     try:
-        return _topic(await session.processor.describe_topic(session.caller, name))
+        return _topic(cluster, await session.processor.describe_topic(session.caller, name))
     except TopicNotFound:
         if not create:
             return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name}
@@ -141,20 +150,21 @@ async def _describe_or_create(session: Session, name: str, create: bool) -> dict
         info = await session.processor.create_topic(session.caller, name, config)
     except (StorageError, AuthError) as e:
         if error_code(e) is ErrorCode.topic_already_exists:
-            return await _describe_or_create(session, name, False)
+            return await _describe_or_create(session, cluster, name, False)
         return {"error_code": error_code(e), "name": name}
     # Kafka answers LEADER_NOT_AVAILABLE while a new topic's leaders are elected;
     # ours are there at once.
-    return _topic(info)
+    return _topic(cluster, info)
 
 
 async def metadata(session: Session, request: Any, version: int) -> dict[str, Any]:
+    cluster = session.cluster
     requested = request.topics
     if requested is not None and version == 0 and not requested:
         requested = None  # v0: an empty list means every topic
     if requested is None:
         infos = await session.processor.list_topics(session.caller)
-        topics = [_topic(info) for info in infos if is_kafka_name(info.name)]
+        topics = [_topic(cluster, info) for info in infos if is_kafka_name(info.name)]
     else:
         create = session.broker.config.auto_create_topics and getattr(
             request, "allow_auto_topic_creation", True
@@ -163,7 +173,7 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
         by_id: dict[uuid.UUID, TopicInfo] | None = None
         for t in requested:
             if t.name is not None:
-                topics.append(await _describe_or_create(session, t.name, create))
+                topics.append(await _describe_or_create(session, cluster, t.name, create))
                 continue
             if by_id is None:  # KIP-848 clients ask by topic id
                 infos = await session.processor.list_topics(session.caller)
@@ -172,24 +182,25 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
             if found is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "topic_id": t.topic_id})
             else:
-                topics.append(_topic(found))
+                topics.append(_topic(cluster, found))
     return {
         "throttle_time": 0,
-        "brokers": [_broker(session)],
+        "brokers": _brokers(cluster),
         "cluster_id": CLUSTER_ID,
-        "controller_id": NODE_ID,
+        "controller_id": cluster.controller.node_id,
         "topics": topics,
         "cluster_authorized_operations": -2147483648,
     }
 
 
 async def describe_cluster(session: Session, request: Any, version: int) -> dict[str, Any]:
+    cluster = session.cluster
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,
         "cluster_id": CLUSTER_ID,
-        "controller_id": NODE_ID,
-        "brokers": [{**_broker(session), "broker_id": NODE_ID}],
+        "controller_id": cluster.controller.node_id,
+        "brokers": [{**b, "broker_id": b["node_id"]} for b in _brokers(cluster)],
         "cluster_authorized_operations": -2147483648,
     }
 

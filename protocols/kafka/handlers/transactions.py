@@ -1,5 +1,12 @@
 """AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit and EndTxn: the transaction
-coordinator's side of KIP-98 (the state lives in protocols/kafka/transactions.py)."""
+coordinator's side of KIP-98 (the state lives in protocols/kafka/transactions.py, in
+the memory of the gateway owning the transactional id; others answer NOT_COORDINATOR).
+
+TxnOffsetCommit goes to the *group's* coordinator, which may be another gateway than
+the transaction's. That gateway cannot see the transaction, so it parks the offsets in
+storage (metadata kind ``kafka.txn_offsets``, under the transactional id, tagged with
+producer id and epoch); EndTxn at the transaction's gateway takes them back and commits
+those of its producer id and epoch, or drops them on abort."""
 
 from __future__ import annotations
 
@@ -8,12 +15,12 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
-from protocols.kafka.errors import error_code
+from protocols.kafka.errors import coordinator_error
 from protocols.kafka.records import BATCH_FORMAT, encode_control_batch
 from protocols.kafka.session import Session
 from protocols.kafka.transactions import PendingOffset, Transaction
 from storage.errors import StorageError
-from storage.model import AppendRequest, BatchEntry
+from storage.model import AppendRequest, BatchEntry, QueueRef
 
 __all__ = [
     "add_offsets_to_txn",
@@ -23,10 +30,14 @@ __all__ = [
     "txn_offset_commit",
 ]
 
+_PARKED_KIND = "kafka.txn_offsets"
+
 
 def _transaction(
     session: Session, transactional_id: str, producer_id: int, epoch: int
 ) -> tuple[Transaction | None, ErrorCode]:
+    if not session.owns(transactional_id):
+        return None, ErrorCode.not_coordinator
     txn = session.broker.transactions.get(session.namespace, transactional_id)
     if txn is None or txn.producer_id != producer_id:
         return None, ErrorCode.invalid_producer_id_mapping
@@ -61,9 +72,14 @@ async def add_offsets_to_txn(session: Session, request: Any, version: int) -> di
 
 
 async def txn_offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
-    txn, code = _transaction(
-        session, request.transactional_id, request.producer_id, request.producer_epoch
-    )
+    if not session.owns(request.group_id):
+        txn, code = None, ErrorCode.not_coordinator
+    elif not session.owns(request.transactional_id):
+        return await _park_offsets(session, request)
+    else:
+        txn, code = _transaction(
+            session, request.transactional_id, request.producer_id, request.producer_epoch
+        )
     topics = []
     for topic in request.topics:
         parts = []
@@ -79,6 +95,58 @@ async def txn_offset_commit(session: Session, request: Any, version: int) -> dic
     return {"throttle_time": 0, "topics": topics}
 
 
+async def _park_offsets(session: Session, request: Any) -> dict[str, Any]:
+    """The group's gateway, not the transaction's: keep the offsets in storage until
+    EndTxn decides (see the module docstring)."""
+    code = ErrorCode.none
+    parked = [
+        [
+            request.producer_id,
+            request.producer_epoch,
+            request.group_id,
+            topic.name,
+            p.partition_index,
+            p.committed_offset,
+            p.committed_metadata or "",
+        ]
+        for topic in request.topics
+        for p in topic.partitions
+    ]
+    try:
+        earlier = await session.processor.meta_get(
+            session.caller, _PARKED_KIND, request.transactional_id
+        )
+        await session.processor.meta_put(
+            session.caller, _PARKED_KIND, request.transactional_id, [*(earlier or []), *parked]
+        )
+    except (StorageError, AuthError) as e:
+        code = coordinator_error(e)
+    topics = [
+        {
+            "name": topic.name,
+            "partitions": [
+                {"partition_index": p.partition_index, "error_code": code} for p in topic.partitions
+            ],
+        }
+        for topic in request.topics
+    ]
+    return {"throttle_time": 0, "topics": topics}
+
+
+async def _unpark_offsets(session: Session, txn: Transaction) -> list[PendingOffset]:
+    """Offsets another gateway parked for this transaction (its producer id and
+    epoch); the parked list is cleared either way."""
+    parked = await session.processor.meta_get(session.caller, _PARKED_KIND, txn.transactional_id)
+    if not parked:
+        return []
+    await session.processor.meta_delete(session.caller, _PARKED_KIND, txn.transactional_id)
+    return [
+        PendingOffset(group, QueueRef(session.namespace, topic, partition), offset, metadata)
+        for producer_id, epoch, group, topic, partition, offset, metadata in parked
+        if producer_id == txn.producer_id and epoch == txn.epoch
+    ]
+
+
 async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
     txn, code = _transaction(
         session, request.transactional_id, request.producer_id, request.producer_epoch
@@ -87,7 +155,7 @@ async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any
         try:
             await end_transaction(session, txn, commit=request.committed)
         except (StorageError, AuthError) as e:
-            code = error_code(e)
+            code = coordinator_error(e)
     return {"throttle_time": 0, "error_code": code}
 
 
@@ -108,8 +176,9 @@ async def end_transaction(session: Session, txn: Transaction, *, commit: bool) -
         for queue, result in zip(queues, results, strict=True):
             offset = result.placements[0].offset if result.placements else -1
             state.close(queue, txn.producer_id, offset, commit=commit)
+    offsets = [*txn.offsets, *await _unpark_offsets(session, txn)]
     if commit:
-        for pending in txn.offsets:
+        for pending in offsets:
             await session.processor.commit_offset(
                 session.caller, pending.group, pending.queue, pending.offset, pending.metadata
             )
