@@ -71,9 +71,8 @@ class _Cpu:
 
 def _produce_and_latency(bootstrap: str, cpu: _Cpu | Meter, count: int) -> list[str]:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
-    AdminClient({"bootstrap.servers": bootstrap}).create_topics([NewTopic(topic, 1)])[topic].result(
-        30
-    )
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
     before = cpu.seconds() if isinstance(cpu, _Cpu) else cpu.cpu()
     delivered, seconds = kafka_bench.produce(bootstrap, topic, SIZE, count)
     used = (cpu.seconds() if isinstance(cpu, _Cpu) else cpu.cpu()) - before
@@ -90,9 +89,7 @@ def _produce_and_latency(bootstrap: str, cpu: _Cpu | Meter, count: int) -> list[
 
 
 async def _cluster(data_dir: Path, storage: int, gateways: int) -> LocalCluster:
-    specs = layout(
-        storage=storage, gateways=gateways, data_dir=data_dir, port_offset=None, log_level="warning"
-    )
+    specs = layout(storage=storage, gateways=gateways, data_dir=data_dir, port_offset=None)
     cluster = LocalCluster(specs, env=_env())
     await cluster.start()
     return cluster
