@@ -22,12 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 from storage.clock import Clock, SystemClock
 from storage.cluster_pop import Overflow, pop_spread, with_prefix
 from storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
+from storage.engine.ids import MessageIds
 from storage.errors import (
     InvalidArgument,
     InvalidReceipt,
@@ -119,6 +121,9 @@ class ClusterStorage:
         self._start_timeout_s = start_timeout_s
         self._clock: Clock = clock or SystemClock()
         self._overflow = Overflow()
+        # Ids for appends spread over nodes: this gateway's own random node id, in the
+        # engine's RocketMQ-shaped format.
+        self._ids = MessageIds(secrets.token_bytes(6))
         self._rotation = 0
         self._fetching: asyncio.Task[None] | None = None
         self._refresher: asyncio.Task[None] | None = None
@@ -537,12 +542,19 @@ class ClusterStorage:
                 )
                 split.setdefault(node, []).append(queue)
             places = []
+            # One name for every copy, so each protocol reports the same message id.
+            message_id = request.message_id or (
+                self._ids.next(self._clock.now_ms()) if len(split) > 1 else None
+            )
             for node, queues in split.items():
                 share = (
                     request
                     if len(split) == 1
                     else AppendRequest(
-                        entry=request.entry, queues=tuple(queues), dedup_key=request.dedup_key
+                        entry=request.entry,
+                        queues=tuple(queues),
+                        dedup_key=request.dedup_key,
+                        message_id=message_id,
                     )
                 )
                 calls = shares.setdefault(node, [])

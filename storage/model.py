@@ -168,6 +168,9 @@ class AppendRequest:
     entry: Message | BatchEntry
     queues: tuple[QueueRef, ...]
     dedup_key: str | None = None
+    # Normally the store names the message. The cluster client names one whose queues
+    # sit on several storage nodes, so every copy carries the same id.
+    message_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

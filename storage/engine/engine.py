@@ -681,7 +681,12 @@ class Engine:
                 done.append(self._duplicate(seen))
             else:
                 done.append(
-                    self._append_now(request.entry, targets, aux=request.dedup_key or "")[0]
+                    self._append_now(
+                        request.entry,
+                        targets,
+                        aux=request.dedup_key or "",
+                        message_id=request.message_id,
+                    )[0]
                 )
         await self._log.wait_durable()
         return [
