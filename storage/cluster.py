@@ -89,12 +89,12 @@ class ClusterStorage:
       (``list_topics``, ``list_groups``, ...) answer from the nodes that answer; a
       pop over several nodes' queues serves from those that are up; "not found" for
       a transaction or a delayed message becomes "unavailable" while a node is down.
-    * An append over queues of several nodes stores a copy on each node, each under
-      that node's message id (the result carries the first queue's node's id and
-      time, and every placement; ``cancel_delayed`` with that id recalls that node's
-      copy only). If one node fails, others may have stored their share
-      (``StorageUnavailable`` says so; a retry with the dedup key does not store
-      those twice).
+    * An append over queues of several nodes stores a copy on each node, all under
+      one message id this client assigns (the result carries the first queue's
+      node's time, and every placement; ``cancel_delayed`` with that id recalls the
+      copies one node at a time). If one node fails, others may have stored their
+      share (``StorageUnavailable`` says so; a retry with the dedup key does not
+      store those twice).
     * A transactional half message must name queues of one node.
     * Group configs are set on every live node (pops run there); a node that was down
       or joined later gets the home node's config before the first pop this client
