@@ -91,8 +91,8 @@ class ClusterStorage:
       a transaction or a delayed message becomes "unavailable" while a node is down.
     * An append over queues of several nodes stores a copy on each node, all under
       one message id this client assigns (the result carries the first queue's
-      node's time, and every placement; ``cancel_delayed`` with that id recalls the
-      copies one node at a time). If one node fails, others may have stored their
+      node's time, and every placement; ``cancel_delayed`` with that id, asked of
+      every node, recalls every copy). If one node fails, others may have stored their
       share (``StorageUnavailable`` says so; a retry with the dedup key does not
       store those twice).
     * A transactional half message must name queues of one node.
@@ -578,7 +578,7 @@ class ClusterStorage:
         ]
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
-        """Asked of every live node (only the one that stored it has it)."""
+        """Asked of every live node: one holds it, or several (a spread append)."""
         results = await self._each_live(lambda c: c.cancel_delayed(namespace, message_id))
         if any(r is True for _, r in results):
             return True
