@@ -34,7 +34,7 @@ from protocols.amqp.properties import (
     with_header,
 )
 from protocols.amqp.publishing import REPLY_TO, Publish, Publisher
-from protocols.amqp.vhost import GROUP, QueueDef
+from protocols.amqp.queues import QueueDef
 from storage.errors import (
     InvalidArgument,
     InvalidName,
@@ -252,7 +252,7 @@ class Channel:
                 continue
             try:
                 renewed = await processor.change_invisibility(
-                    caller, GROUP, stored.receipt, INVISIBLE_MS
+                    caller, delivery.queue.group, stored.receipt, INVISIBLE_MS
                 )
             except StorageError:
                 continue  # acked through a purge or deleted meanwhile
@@ -316,14 +316,14 @@ class Channel:
             if consumer.task is not None:
                 await asyncio.gather(consumer.task, return_exceptions=True)
         if self.reply_token is not None:
-            self.conn.vhost.reply_to.pop(self.reply_token, None)
+            self.conn.vhost.replies.unregister(self.reply_token)
         deliveries = list(self.unacked.values())
         self.unacked.clear()
         await self._requeue(deliveries)
         vhost = self.conn.vhost
         for consumer in consumers:
             consumer.queue.consumers.discard(consumer)
-            await vhost.consumer_removed(self.conn.caller, consumer.queue)
+            await vhost.consumer_removed(self.conn.caller, consumer, consumer.queue)
 
     async def _requeue(self, deliveries: Sequence[Delivery]) -> None:
         processor, caller = self.conn.processor, self.conn.caller
@@ -332,7 +332,7 @@ class Channel:
                 continue
             # The queue may be gone, or the message taken back already.
             with contextlib.suppress(StorageError):
-                await processor.nack(caller, GROUP, delivery.stored.receipt)
+                await processor.nack(caller, delivery.queue.group, delivery.stored.receipt)
 
     # -- channel class ---------------------------------------------------------------
 
@@ -368,7 +368,10 @@ class Channel:
             return
         vhost = self.conn.vhost
         queue = vhost.queue(method.queue, self.conn.key, 60, 20)
-        if any(c.exclusive for c in queue.consumers) or (method.exclusive and queue.consumers):
+        taken = any(c.exclusive for c in queue.consumers) or any(
+            e.exclusive for e in queue.registry.values()
+        )
+        if taken or (method.exclusive and queue.consumer_count):
             raise ChannelError(
                 errors.ACCESS_REFUSED,
                 f"queue '{queue.name}' in vhost has an exclusive consumer",
@@ -390,6 +393,7 @@ class Channel:
         self.consumers[tag] = consumer
         queue.consumers.add(consumer)
         queue.ever_consumed = True
+        await vhost.consumer_added(self.conn.caller, consumer, queue)
         if not method.nowait:
             self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
         consumer.start()
@@ -420,7 +424,7 @@ class Channel:
                 errors.PRECONDITION_FAILED, "reply consumer cannot acknowledge", 60, 20
             )
         if self.reply_token is None:
-            self.reply_token = secrets.token_urlsafe(24)
+            self.reply_token = self.conn.vhost.replies.new_token()
         token = self.reply_token
 
         def sink(routing_key: str, raw_properties: bytes, body: bytes) -> None:
@@ -440,7 +444,7 @@ class Channel:
                 )
             )
 
-        self.conn.vhost.reply_to[token] = sink
+        self.conn.vhost.replies.register(token, sink)
         if not method.nowait:
             self.send(commands.Basic.ConsumeOk(consumer_tag=tag))
 
@@ -451,9 +455,9 @@ class Channel:
                 consumer.task.cancel()
                 await asyncio.gather(consumer.task, return_exceptions=True)
             consumer.queue.consumers.discard(consumer)
-            await self.conn.vhost.consumer_removed(self.conn.caller, consumer.queue)
+            await self.conn.vhost.consumer_removed(self.conn.caller, consumer, consumer.queue)
         elif self.reply_token is not None and method.consumer_tag:
-            self.conn.vhost.reply_to.pop(self.reply_token, None)
+            self.conn.vhost.replies.unregister(self.reply_token)
         if not method.nowait:
             self.send(commands.Basic.CancelOk(consumer_tag=method.consumer_tag))
 
@@ -472,7 +476,13 @@ class Channel:
             consumer.wakeup.set()
 
     async def pop(
-        self, refs: Sequence[QueueRef], max_messages: int, wait_ms: int, *, durable: bool = True
+        self,
+        group: str,
+        refs: Sequence[QueueRef],
+        max_messages: int,
+        wait_ms: int,
+        *,
+        durable: bool = True,
     ) -> list[StoredMessage]:
         """Pop highest priority first. ``durable=False`` for no-ack deliveries (acked
         right after they are sent): they need not wait for their hand-out's fsync.
@@ -484,7 +494,7 @@ class Channel:
                 for ref in refs:
                     got += await processor.pop(
                         caller,
-                        GROUP,
+                        group,
                         [ref],
                         max_messages=max_messages - len(got),
                         invisible_ms=INVISIBLE_MS,
@@ -493,14 +503,14 @@ class Channel:
                     if len(got) >= max_messages:
                         return got
             except asyncio.CancelledError:
-                self._give_back(got)  # taken from higher priorities before the cancel
+                self._give_back(group, got)  # taken from higher priorities before the cancel
                 raise
             if got:
                 return got
             max_messages = 1  # a long poll over every level takes whichever comes first
         return await processor.pop(
             caller,
-            GROUP,
+            group,
             refs,
             max_messages=max_messages,
             invisible_ms=INVISIBLE_MS,
@@ -508,14 +518,14 @@ class Channel:
             durable=durable,
         )
 
-    def _give_back(self, popped: list[StoredMessage]) -> None:
+    def _give_back(self, group: str, popped: list[StoredMessage]) -> None:
         processor, caller = self.conn.processor, self.conn.caller
 
         async def nack_all() -> None:
             for stored in popped:
                 if stored.receipt is not None:
                     with contextlib.suppress(StorageError):
-                        await processor.nack(caller, GROUP, stored.receipt)
+                        await processor.nack(caller, group, stored.receipt)
 
         if popped:
             self.conn.spawn(nack_all())
@@ -562,7 +572,7 @@ class Channel:
         if out:
             self.conn.send_bytes(b"".join(out))
         if acks:
-            await processor.ack_many(caller, GROUP, acks)
+            await processor.ack_many(caller, consumer.queue.group, acks)
         await self.conn.drain()
 
     async def _basic_get(self, method: commands.Basic.Get) -> None:
@@ -572,10 +582,15 @@ class Channel:
             raise ChannelError(
                 errors.PRECONDITION_FAILED, "basic.get is not supported by stream queues"
             )
-        queue.last_used = asyncio.get_running_loop().time()
+        vhost.touch(caller, queue)
+        if queue.view_topic is not None:
+            await vhost.resolve_view(caller, queue)
         now = processor.clock.now_ms()
         while True:
-            popped = await self.pop(queue.refs(vhost.namespace), 1, 0, durable=not method.no_ack)
+            refs = queue.refs(vhost.namespace)  # none: a view whose topic is not there
+            popped = (
+                await self.pop(queue.group, refs, 1, 0, durable=not method.no_ack) if refs else []
+            )
             if not popped:
                 self.send(commands.Basic.GetEmpty())
                 return
@@ -587,7 +602,7 @@ class Channel:
         tag = self._next_tag
         self._next_tag += 1
         if method.no_ack:
-            await processor.ack(caller, GROUP, stored.receipt or "")
+            await processor.ack(caller, queue.group, stored.receipt or "")
         else:
             self.unacked[tag] = Delivery(stored, queue, None)
         exchange, routing_key, raw = delivery_content(stored)
@@ -650,12 +665,17 @@ class Channel:
             )
 
     async def _ack(self, taken: Sequence[Delivery]) -> None:
-        receipts = [d.stored.receipt for d in taken if d.stored.receipt is not None]
-        if len(receipts) == 1:
-            with contextlib.suppress(InvalidReceipt):  # purged or deleted meanwhile
-                await self.conn.processor.ack(self.conn.caller, GROUP, receipts[0])
-        elif receipts:
-            await self.conn.processor.ack_many(self.conn.caller, GROUP, receipts)
+        by_group: dict[str, list[str]] = {}
+        for delivery in taken:
+            if delivery.stored.receipt is not None:
+                by_group.setdefault(delivery.queue.group, []).append(delivery.stored.receipt)
+        processor, caller = self.conn.processor, self.conn.caller
+        for group, receipts in by_group.items():
+            if len(receipts) == 1:
+                with contextlib.suppress(InvalidReceipt):  # purged or deleted meanwhile
+                    await processor.ack(caller, group, receipts[0])
+            else:
+                await processor.ack_many(caller, group, receipts)
 
     async def _basic_nack(self, method: commands.Basic.Nack) -> None:
         taken = self._take(method.delivery_tag, method.multiple, 120)

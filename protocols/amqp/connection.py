@@ -97,8 +97,9 @@ class AmqpConnection:
         self._mechanism = "PLAIN"
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._connection_id = current_connection_id()
-        # Exclusive queues belong to this key; unique even without a registry id.
-        self.key = f"{self._connection_id}:{id(self)}"
+        # Exclusive queues belong to this key: unique across gateways (it names this
+        # gateway's instance) even without a registry id.
+        self.key = f"{vhosts.membership.instance}/{self._connection_id}:{id(self)}"
         self._closing = asyncio.Event()
         self._blocked_capable = False
 

@@ -4,19 +4,17 @@ and handing what it got to its channel to deliver."""
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
 from pamqp import commands
 
-from protocols import interop
 from protocols.amqp import errors
 from protocols.amqp.errors import AmqpError, ConnectionError_
 from protocols.amqp.vhost import QueueDef
 from storage.errors import TopicNotFound
-from storage.model import QueueRef, StoredMessage
+from storage.model import StoredMessage
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel
@@ -27,13 +25,13 @@ log = logging.getLogger(__name__)
 
 # An unacked delivery is leased to its channel: invisible to other consumers this long,
 # renewed while the channel lives, given back at once when it closes. If the gateway
-# dies, the lease runs out and the message comes back (redelivered) within a minute.
-INVISIBLE_MS: Final = 60_000
+# dies, the lease runs out and the message comes back (redelivered) within seconds, to
+# a consumer on another gateway.
+INVISIBLE_MS: Final = 10_000
 POP_WAIT_MS: Final = 5_000
 POP_BATCH: Final = 250
 UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
 _TOPIC_RETRY_MS: Final = 500  # an x-polymq-topic queue whose topic does not exist yet
-_serials = itertools.count()
 
 
 @dataclass(slots=True, eq=False)
@@ -66,14 +64,14 @@ class Consumer:
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
         self.stream_offset: int | None = None  # set for consumers of stream queues
-        self.serial = next(_serials)
-        self._view_refs: tuple[QueueRef, ...] | None = None  # x-polymq-topic queues
+        # Unique across gateways: the connection's key holds its gateway instance.
+        self.id = f"{channel.conn.key}/{channel.number}/{tag}"
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"amqp-consumer-{self.tag}")
 
     def credit(self) -> int:
-        if self.queue.single_active and self.queue.active_consumer() is not self:
+        if self.queue.single_active and self.queue.active_id() != self.id:
             return 0  # waits for its turn (woken when a consumer of the queue leaves)
         return self.channel.credit(self)
 
@@ -117,14 +115,14 @@ class Consumer:
 
     async def _fetch(self, count: int, wait_ms: int) -> list[StoredMessage]:
         channel = self.channel
-        refs = self.queue.refs(channel.conn.namespace)
-        topic = self.queue.arguments.get(interop.AMQP_TOPIC_ARGUMENT)
-        if isinstance(topic, str) and topic and self.stream_offset is None:
-            return await self._fetch_topic(topic, count, wait_ms)
+        queue = self.queue
+        if queue.view_topic is not None:
+            return await self._fetch_view(count, wait_ms)
+        refs = queue.refs(channel.conn.namespace)
         if self.stream_offset is None:
             # No-ack deliveries are acked right after they are sent: their hand-out
             # need not be durable first.
-            return await channel.pop(refs, count, wait_ms, durable=not self.no_ack)
+            return await channel.pop(queue.group, refs, count, wait_ms, durable=not self.no_ack)
         # A stream queue: read on from an offset; nothing is removed.
         result = await channel.conn.processor.read(
             channel.conn.caller, refs[0], self.stream_offset, max_messages=count, wait_ms=wait_ms
@@ -132,20 +130,23 @@ class Consumer:
         self.stream_offset = result.next_offset
         return list(result.messages)
 
-    async def _fetch_topic(self, topic: str, count: int, wait_ms: int) -> list[StoredMessage]:
-        """Pop from every queue of the storage topic a queue declared with
-        ``x-polymq-topic`` reads (docs/interop.md). The topic belongs to whoever
-        produces to it: until it exists, and after it is deleted, the consumer waits."""
-        conn = self.channel.conn
+    async def _fetch_view(self, count: int, wait_ms: int) -> list[StoredMessage]:
+        """Pop from every queue of the storage topic a view (``x-polymq-topic``) reads
+        (docs/interop.md). The topic belongs to whoever produces to it: until it
+        exists, and after it is deleted, the consumer waits; an empty long poll looks
+        again at how many queues it has (partitions added later)."""
+        conn, queue = self.channel.conn, self.queue
         try:
-            if self._view_refs is None:
-                info = await conn.processor.describe_topic(conn.caller, topic)
-                self._view_refs = tuple(
-                    QueueRef(conn.namespace, topic, i) for i in range(len(info.queues))
-                )
-            return await self.channel.pop(self._view_refs, count, wait_ms, durable=not self.no_ack)
+            if not queue.view_queues and not await conn.vhost.resolve_view(conn.caller, queue):
+                await asyncio.sleep(min(wait_ms, _TOPIC_RETRY_MS) / 1000)
+                return []
+            refs = queue.refs(conn.namespace)
+            got = await self.channel.pop(queue.group, refs, count, wait_ms, durable=not self.no_ack)
+            if not got and wait_ms:
+                await conn.vhost.resolve_view(conn.caller, queue)
+            return got
         except TopicNotFound:
-            self._view_refs = None
+            queue.view_queues = 0
             await asyncio.sleep(min(wait_ms, _TOPIC_RETRY_MS) / 1000)
             return []
 

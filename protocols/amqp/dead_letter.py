@@ -18,7 +18,7 @@ from protocols.amqp.properties import (
     encode_properties,
     to_message,
 )
-from protocols.amqp.vhost import GROUP, QueueDef, VirtualHost
+from protocols.amqp.vhost import QueueDef, VirtualHost
 from storage.model import AppendRequest, StoredMessage
 
 __all__ = ["add_death", "dead_letter"]
@@ -118,4 +118,4 @@ async def dead_letter(
             )
             await processor.append(caller, [AppendRequest(entry=copy, queues=refs)])
     if stored.receipt is not None:
-        await processor.ack(caller, GROUP, stored.receipt)
+        await processor.ack(caller, queue.group, stored.receipt)

@@ -95,7 +95,7 @@ async def queue_declare(channel: Channel, method: commands.Queue.Declare) -> Non
         count = await vhost.message_count(caller, queue)
         channel.send(
             commands.Queue.DeclareOk(
-                queue=queue.name, message_count=count, consumer_count=len(queue.consumers)
+                queue=queue.name, message_count=count, consumer_count=queue.consumer_count
             )
         )
 

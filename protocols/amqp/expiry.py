@@ -19,7 +19,7 @@ from typing import Final
 from gateway.processor import Caller
 from protocols.amqp.dead_letter import dead_letter
 from protocols.amqp.publishing import EXPIRES_AT
-from protocols.amqp.vhost import GROUP, QueueDef, VirtualHost
+from protocols.amqp.vhost import QueueDef, VirtualHost
 from storage.errors import StorageError
 from storage.model import QueueRef, StoredMessage
 
@@ -60,7 +60,7 @@ async def _sweep_head(
     caller: Caller, vhost: VirtualHost, queue: QueueDef, ref: QueueRef
 ) -> int | None:
     processor = vhost.processor
-    head = await processor.consumed_below(caller, GROUP, ref)
+    head = await processor.consumed_below(caller, queue.group, ref)
     peeked = await processor.read(caller, ref, head, max_messages=_PEEK, metered=False)
     now = processor.clock.now_ms()
     expired = 0
@@ -78,8 +78,8 @@ async def _sweep_head(
     # out of order. Pop no more than the expired ones that must be ready, so every
     # message popped is one the peek saw expired (pop takes the lowest ready offsets).
     bounds = await processor.queue_offsets(caller, ref)
-    pending = await processor.pending_count(caller, GROUP, ref)
-    inflight = await processor.inflight_count(caller, GROUP, ref)
+    pending = await processor.pending_count(caller, queue.group, ref)
+    inflight = await processor.inflight_count(caller, queue.group, ref)
     acked_beyond = max(0, bounds.latest - head - pending)
     ready_expired = expired - inflight - acked_beyond
     if ready_expired <= 0:
@@ -87,14 +87,14 @@ async def _sweep_head(
     if expired == len(peeked.messages):
         due = now  # everything peeked expired: look again at once
     popped = await processor.pop(
-        caller, GROUP, [ref], max_messages=ready_expired, invisible_ms=_HOLD_MS
+        caller, queue.group, [ref], max_messages=ready_expired, invisible_ms=_HOLD_MS
     )
     for stored in popped:
         if stored.offset < limit:
             await dead_letter(processor, caller, vhost, queue, stored, "expired")
         else:  # the peek's expired ones were taken meanwhile (unacked deliveries)
             with contextlib.suppress(StorageError):
-                await processor.nack(caller, GROUP, stored.receipt or "")
+                await processor.nack(caller, queue.group, stored.receipt or "")
     return due
 
 
@@ -110,7 +110,7 @@ async def sweep_expired(
     idle = min(_IDLE_S, max(0.05, ttl / 1000)) if ttl is not None else _IDLE_S
     await asyncio.sleep(max(_FIRST_LOOK_MIN_S, first_look_ms / 1000) if ttl is None else 0)
     while vhost.queues.get(queue.name) is queue:
-        if queue.consumers:
+        if queue.consumers or queue.registry:  # consumers drop what expired as they go
             await asyncio.sleep(idle)
             continue
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from gateway.listeners import Listener, ListenerContext, TcpListener
+from protocols.amqp.changes import Membership
 from protocols.amqp.connection import AmqpConnection
 from protocols.amqp.flow import FlowControl
 from protocols.amqp.vhost import VirtualHosts
@@ -18,7 +19,9 @@ class AmqpListener(TcpListener):
     (:class:`FlowControl`): whatever watches a resource engages and releases it."""
 
     def __init__(self, context: ListenerContext, *, flow: FlowControl | None = None) -> None:
-        self._vhosts = VirtualHosts(context.processor)
+        gateway_id = context.config.cluster.gateway_id or context.directory.self_id
+        membership = Membership(context.directory, context.name, gateway_id)
+        self._vhosts = VirtualHosts(context.processor, membership)
         self.flow = flow or FlowControl()
         vhosts, flow = self._vhosts, self.flow
 

@@ -3,6 +3,7 @@ returns and confirms that follow, in publish order."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import zlib
@@ -18,9 +19,17 @@ from protocols.amqp.consumer import INVISIBLE_MS
 from protocols.amqp.dead_letter import dead_letter
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from protocols.amqp.properties import encode_properties, to_message
-from protocols.amqp.vhost import GROUP, QueueDef
+from protocols.amqp.queues import QueueDef
+from protocols.amqp.reply_to import REPLY_TO
 from storage.errors import TopicAlreadyExists, TopicNotFound
-from storage.model import AppendRequest, Message, QueueRef, StoredMessage, TopicConfig
+from storage.model import (
+    AppendRequest,
+    Message,
+    QueueRef,
+    StoredMessage,
+    TopicConfig,
+    TopicInfo,
+)
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel
@@ -28,8 +37,8 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPIRES_AT", "REPLY_TO", "Publish", "Publisher"]
 
-REPLY_TO: Final = "amq.rabbitmq.reply-to"
 EXPIRES_AT: Final = interop.AMQP_EXPIRES_AT
+_MADE_ATTEMPTS: Final = 50
 
 
 @dataclass(slots=True)
@@ -145,9 +154,7 @@ class Publisher:
             properties.reply_to = f"{REPLY_TO}.{self._channel.reply_token}"
             raw = encode_properties(properties)
         if exchange.name == "" and routing_key.startswith(REPLY_TO + "."):
-            sink = vhost.reply_to.get(routing_key[len(REPLY_TO) + 1 :])
-            if sink is not None:
-                sink(routing_key, raw, body)
+            if await vhost.replies.send(self._conn.caller, routing_key, raw, body):
                 return None, None, True, []
             return None, self._return_frames(method, raw, body), True, []
         names = list(vhost.route(exchange, routing_key, properties.headers))
@@ -170,7 +177,12 @@ class Publisher:
                         continue
                     heads.append(queue)
                 added[name] = added.get(name, 0) + 1
-            targets.append(queue.ref_for(vhost.namespace, properties.priority))
+            if queue.view_topic is not None:  # a view: to its topic, as a keyed producer
+                targets.append(
+                    await self._topic_ref(vhost.namespace, queue.view_topic, routing_key)
+                )
+            else:
+                targets.append(queue.ref_for(vhost.namespace, properties.priority))
             reached.append(queue)
         topic = exchange.arguments.get(interop.AMQP_TOPIC_ARGUMENT)
         if isinstance(topic, str) and topic:
@@ -213,7 +225,9 @@ class Publisher:
             )
         if not targets:
             return None, None, accepted, heads
-        return AppendRequest(entry=message, queues=tuple(targets)), None, accepted, heads
+        # A view bound to the exchange and the exchange's own topic may name one queue.
+        unique = tuple(dict.fromkeys(targets))
+        return AppendRequest(entry=message, queues=unique), None, accepted, heads
 
     async def _topic_ref(self, namespace: str, topic: str, routing_key: str) -> QueueRef:
         """The queue of storage topic ``topic`` a publish to an exchange declared with
@@ -228,10 +242,20 @@ class Publisher:
             except TopicNotFound:
                 with contextlib.suppress(TopicAlreadyExists):
                     await processor.create_topic(caller, topic, TopicConfig(queue_count=1))
-                info = await processor.describe_topic(caller, topic)
+                info = await self._describe_made(topic)
             count = self._topic_queues[topic] = max(1, len(info.queues))
         queue_id = zlib.crc32(routing_key.encode()) % count if count > 1 else 0
         return QueueRef(namespace, topic, queue_id)
+
+    async def _describe_made(self, topic: str) -> TopicInfo:
+        """A topic just made (here, or by another gateway: "already exists"): in the
+        separated form this gateway's storage client may route to it a moment later."""
+        processor, caller = self._conn.processor, self._conn.caller
+        for _ in range(_MADE_ATTEMPTS - 1):
+            with contextlib.suppress(TopicNotFound):
+                return await processor.describe_topic(caller, topic)
+            await asyncio.sleep(0.02)
+        return await processor.describe_topic(caller, topic)
 
     def _return_frames(self, method: commands.Basic.Publish, raw: bytes, body: bytes) -> bytes:
         returned = commands.Basic.Return(
@@ -254,7 +278,7 @@ class Publisher:
         refs = tuple(reversed(queue.refs(vhost.namespace)))  # lowest priority first
         for ref in refs:
             popped = await self._conn.processor.pop(
-                caller, GROUP, [ref], max_messages=excess, invisible_ms=INVISIBLE_MS
+                caller, queue.group, [ref], max_messages=excess, invisible_ms=INVISIBLE_MS
             )
             for stored in popped:
                 await dead_letter(self._conn.processor, caller, vhost, queue, stored, "maxlen")
