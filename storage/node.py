@@ -47,6 +47,9 @@ SERVED_METHODS: tuple[str, ...] = tuple(
 )
 
 _MIN_BEAT_GAP_S = 0.05
+# How long a topic's creation waits for the nameservers to hear of it; one that is
+# down is then left to the regular beats.
+_ANNOUNCE_TIMEOUT_S = 1.0
 HOME_KIND = "_cluster"  # metadata kind marking, inside a namespace, that it lives here
 _HOME_NAME = "home"
 
@@ -77,6 +80,10 @@ class StorageNode:
         self._started_ms = 0
         self._server = RpcServer(self._handlers(), host, port)
         self._changed = asyncio.Event()
+        # Changes counted, so a topic's creator can wait until the nameservers heard of
+        # it: a gateway asking them right after the creation then finds its route.
+        self._change_count = 0
+        self._slots: list[_LatestSlot] = []
         self._tasks: list[asyncio.Task[None]] = []
         self._load_sample = (0, 0)  # (ms, requests served) at the last load figure
         self._load = 0.0
@@ -118,7 +125,7 @@ class StorageNode:
             result = await method(*args, **kwargs)
             if name == "delete_namespace" and args:
                 self._homes.discard(args[0])
-            self._changed.set()
+            await self._announce()
             return result
 
         return call
@@ -140,7 +147,7 @@ class StorageNode:
             await self.engine.close()
             raise
         if self.nameservers:
-            slots = [_LatestSlot() for _ in self.nameservers]
+            slots = self._slots = [_LatestSlot() for _ in self.nameservers]
             loop = asyncio.get_running_loop()
             self._tasks = [
                 loop.create_task(self._beat_loop(slots), name="polymq-node-heartbeat"),
@@ -181,7 +188,7 @@ class StorageNode:
             namespace, HOME_KIND, _HOME_NAME, {"claimed_ms": self.engine.clock.now_ms()}
         )
         self._homes.add(namespace)
-        self._changed.set()
+        await self._announce()
 
     async def node_info(self) -> NodeHeartbeat:
         """The heartbeat as it would be sent now."""
@@ -214,19 +221,31 @@ class StorageNode:
 
     # -- heartbeats ------------------------------------------------------------------
 
+    async def _announce(self) -> None:
+        """Beat at once and wait (bounded) until every nameserver took a heartbeat
+        that includes this change; one that is down is not waited for longer."""
+        self._change_count += 1
+        change = self._change_count
+        self._changed.set()
+        if self._slots:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_ANNOUNCE_TIMEOUT_S):
+                    await asyncio.gather(*(slot.delivered(change) for slot in self._slots))
+
     async def _beat_loop(self, slots: list[_LatestSlot]) -> None:
         loop = asyncio.get_running_loop()
         min_gap = min(_MIN_BEAT_GAP_S, self.heartbeat_ms / 1000)
         while True:
             self._changed.clear()
             sent = loop.time()
+            change = self._change_count
             try:
                 heartbeat = await self.node_info()
             except Exception:  # never let a bad moment stop the heartbeats for good
                 log.exception("storage node: cannot build a heartbeat")
             else:
                 for slot in slots:
-                    slot.put(heartbeat)
+                    slot.put(heartbeat, change)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.heartbeat_ms / 1000):
                     await self._changed.wait()
@@ -237,21 +256,35 @@ class StorageNode:
 
 
 class _LatestSlot:
-    """The newest heartbeat for one nameserver; older unsent ones are dropped."""
+    """The newest heartbeat for one nameserver; older unsent ones are dropped.
+    ``change``: how many changes the heartbeat includes, so announcers can wait for
+    theirs to be delivered."""
 
     def __init__(self) -> None:
         self.value: NodeHeartbeat | None = None
+        self.change = 0
         self.ready = asyncio.Event()
+        self._delivered = 0
+        self._progress = asyncio.Condition()
 
-    def put(self, value: NodeHeartbeat) -> None:
-        self.value = value
+    def put(self, value: NodeHeartbeat, change: int) -> None:
+        self.value, self.change = value, change
         self.ready.set()
 
-    async def take(self) -> NodeHeartbeat:
+    async def take(self) -> tuple[NodeHeartbeat, int]:
         await self.ready.wait()
         self.ready.clear()
         assert self.value is not None
-        return self.value
+        return self.value, self.change
+
+    async def mark_delivered(self, change: int) -> None:
+        async with self._progress:
+            self._delivered = max(self._delivered, change)
+            self._progress.notify_all()
+
+    async def delivered(self, change: int) -> None:
+        async with self._progress:
+            await self._progress.wait_for(lambda: self._delivered >= change)
 
 
 async def _send_loop(client: NameserverClient, slot: _LatestSlot) -> None:
@@ -259,7 +292,9 @@ async def _send_loop(client: NameserverClient, slot: _LatestSlot) -> None:
     the nameserver is back) and bounds each call with its own timeout."""
     try:
         while True:
-            await client.heartbeat(await slot.take())
+            heartbeat, change = await slot.take()
+            if await client.heartbeat(heartbeat):
+                await slot.mark_delivered(change)
     finally:
         await client.close()
 
