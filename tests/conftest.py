@@ -27,7 +27,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--form",
         choices=(*FORMS, "both"),
-        default="merged",
+        default="both",
         help="which form of the server live-server tests run against [both]",
     )
 

@@ -54,12 +54,17 @@ def server_form(form: str) -> Iterator[None]:
 class LiveServer:
     """A started gateway. ``port(name)`` is where listener ``name`` accepts
     connections; ``call(coro)`` runs a coroutine on the server's loop (to inspect
-    storage, say) and returns its result."""
+    storage, say) and returns its result. ``engines``: the storage engines behind it
+    (its own in the merged form, the storage nodes' in the cluster form), for the few
+    tests that must look inside storage."""
 
-    def __init__(self, gateway: Gateway, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(
+        self, gateway: Gateway, loop: asyncio.AbstractEventLoop, engines: Sequence[Engine] = ()
+    ) -> None:
         self.gateway = gateway
         self.loop = loop
         self.host = gateway.config.server.host
+        self.engines = list(engines)
 
     def port(self, name: str) -> int:
         listener = self.gateway.listeners.get(name)
@@ -75,7 +80,7 @@ class LiveServer:
 
 
 async def _start_storage_pool(
-    stack: contextlib.AsyncExitStack, config: GatewayConfig, data_dir: Path
+    stack: contextlib.AsyncExitStack, config: GatewayConfig, data_dir: Path, engines: list[Engine]
 ) -> str:
     """The separated form's storage side, in this loop on free ports: a nameserver and
     ``_STORAGE_NODES`` storage nodes with data folders under ``data_dir`` (so a restart
@@ -91,6 +96,7 @@ async def _start_storage_pool(
         node_dir = data_dir / f"node-{i + 1}"
         storage = dataclasses.replace(config.storage, data_dir=node_dir)
         engine = Engine(engine_config(dataclasses.replace(config, storage=storage)))
+        engines.append(engine)
         node = StorageNode(
             engine,
             node_id=f"node-{i + 1}",
@@ -162,6 +168,7 @@ def live_gateways(
     stop: asyncio.Event | None = None
     failure: list[BaseException] = []
     built: list[Gateway] = []
+    engines: list[Engine] = []  # behind the gateways, when not their own storage
     peers = _Peers(built) if count > 1 else None
 
     async def main() -> None:
@@ -171,7 +178,7 @@ def live_gateways(
             async with contextlib.AsyncExitStack() as stack:
                 shared: StorageAPI | None = None
                 if cluster:
-                    nameserver = await _start_storage_pool(stack, config, data_dir)
+                    nameserver = await _start_storage_pool(stack, config, data_dir, engines)
                     gateway_config = dataclasses.replace(
                         config,
                         cluster=dataclasses.replace(
@@ -180,6 +187,7 @@ def live_gateways(
                     )
                 elif count > 1:
                     engine = Engine(engine_config(config))
+                    engines.append(engine)
                     await engine.start()
                     stack.push_async_callback(engine.close)
                     shared = cast(StorageAPI, _Shared(engine))
@@ -224,7 +232,8 @@ def live_gateways(
         loop.close()
         raise RuntimeError("the gateway failed to start") from failure[0]
     try:
-        yield [LiveServer(gateway, loop) for gateway in built]
+        merged = [g.storage for g in built if isinstance(g.storage, Engine)]
+        yield [LiveServer(gateway, loop, engines or merged) for gateway in built]
     finally:
         assert stop is not None
         loop.call_soon_threadsafe(stop.set)

@@ -21,7 +21,7 @@ WAIT_S = 20.0
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def server(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
     with live_server(tmp_path_factory.mktemp("amqp"), ("amqp",), factories=FACTORIES) as live:
         yield live
 

@@ -384,12 +384,12 @@ def test_publishes_before_close_are_kept(server: LiveServer) -> None:
 
 def _waiting_pops(server: LiveServer, queue: str) -> int:
     """Long polls open in storage on the queue's topic."""
-    state = server.gateway.storage._state  # type: ignore[attr-defined]
 
     async def count() -> int:
         return sum(
             len(index.waiters or ())
-            for (_, name), topic in list(state.topics.items())
+            for engine in server.engines
+            for (_, name), topic in list(engine._state.topics.items())
             if queue in name
             for index in topic.queues
         )

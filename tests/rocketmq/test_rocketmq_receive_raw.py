@@ -6,7 +6,6 @@ one is acked."""
 from __future__ import annotations
 
 import dataclasses
-import gc
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,6 @@ from typing import Any
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from storage.engine import Engine
 from storage.errors import TopicNotFound
 from storage.model import DEFAULT_NAMESPACE, GroupConfig
 from tests.live_server import LiveServer, live_server
@@ -88,7 +86,7 @@ def pop_waiting(server: LiveServer, topic: str) -> bool:
     own waiter lists: the one way to know the receive is parked, not just sent)."""
 
     async def check() -> bool:
-        for engine in _engines(server):
+        for engine in server.engines:
             try:
                 queues = engine._state.topic(DEFAULT_NAMESPACE, topic).queues
             except TopicNotFound:
@@ -97,15 +95,6 @@ def pop_waiting(server: LiveServer, topic: str) -> bool:
         return False
 
     return server.call(check)
-
-
-def _engines(server: LiveServer) -> list[Engine]:
-    """The engines behind the gateway: its own in the merged form; in the separated
-    form, the storage nodes' (tests/live_server.py runs them in the server's loop), found
-    among live objects since the gateway only holds RPC clients to them."""
-    if isinstance(server.gateway.storage, Engine):
-        return [server.gateway.storage]
-    return [o for o in gc.get_objects() if isinstance(o, Engine)]
 
 
 def nack(stub: Any, group: str, topic: str, message: Any) -> Any:
