@@ -23,10 +23,19 @@ from typing import Any, Protocol
 from gateway.accounts import Principal
 from gateway.processor import Caller, Processor
 from protocols import interop
-from protocols.mqtt.mapping import published_qos, storage_topic
+from protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
+from protocols.mqtt.peers import (
+    EVENTS_TOPIC,
+    Event,
+    Peers,
+    decode_event,
+    encode_event,
+    stamp_of,
+    stamped,
+)
 from protocols.mqtt.topic_filter_index import TopicFilterIndex, filter_matches, split_shared
-from protocols.mqtt.topic_tail import TopicTail
-from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from protocols.mqtt.topic_tail import TAIL_GROUP, TopicTail, from_mqtt
+from storage.errors import OffsetOutOfRange, StorageError, TopicAlreadyExists, TopicNotFound
 from storage.model import (
     AppendRequest,
     GroupConfig,
@@ -54,11 +63,17 @@ POP_GROUP = "mqtt"  # the consumer group every session and shared queue is poppe
 _SESSION_KIND = "mqtt.session"
 _SESSION_PREFIX = "$mqtt.session."
 _SHARED_PREFIX = "$mqtt.share."
-_QUEUE_PREFIXES = (_SESSION_PREFIX, _SHARED_PREFIX)
+_INTERNAL_PREFIXES = (_SESSION_PREFIX, _SHARED_PREFIX, EVENTS_TOPIC)
 _INTERNAL_TOPIC = TopicConfig(internal=True)
 _PUBLIC_TOPIC = TopicConfig()
 _NEVER_EXPIRES = 0xFFFFFFFF
 _DISCOVER_S = 2.0  # how often wildcard filters look for new storage topics
+_EVENTS_WAIT_MS = 5_000
+# The separated form learns of a topic another gateway (or a concurrent create) just
+# made from the storage nodes' next heartbeat: a few hundred milliseconds.
+_ROUTE_RETRIES = 50
+_ROUTE_RETRY_S = 0.2
+_RELEASE_WAIT_S = 5.0  # for the gateway serving a client that connected here to let go
 
 
 @dataclass(slots=True, kw_only=True)
@@ -128,6 +143,11 @@ class Session:
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
     outbound_pubrel: set[int] = field(default_factory=set)  # PUBREL sent, PUBCOMP awaited
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # Several gateways: the others know it (tell them it ended); filters subscribed
+    # here not yet announced, and the events offset at which each one was.
+    announced: bool = False
+    fresh: set[str] = field(default_factory=set)
+    announced_at: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(slots=True, kw_only=True)
@@ -173,7 +193,7 @@ def _queue_topic(prefix: str, name: str) -> str:
 class Broker:
     """Sessions and routing for one namespace. Build with :meth:`load`."""
 
-    def __init__(self, processor: Processor, namespace: str) -> None:
+    def __init__(self, processor: Processor, namespace: str, peers: Peers | None = None) -> None:
         self.namespace = namespace
         self.processor = processor
         self.caller = Caller(
@@ -197,28 +217,29 @@ class Broker:
         self._discovered = asyncio.Event()
         self._dropping: dict[str, asyncio.Task[None]] = {}  # shared queues being deleted
         self.messages_in = 0
+        # Several gateways (None in the merged form): see protocols/mqtt/peers.py.
+        self.peers = peers
+        self._stamp = peers.self_id.encode() if peers is not None else b""
+        self._events_queue = QueueRef(namespace, EVENTS_TOPIC, 0)
+        self._events_task: asyncio.Task[None] | None = None
+        self._releases: dict[str, asyncio.Future[None]] = {}  # attach nonce -> answer
+        self._applied = 0  # events offset: those below it are in this gateway's index
 
     @classmethod
-    async def load(cls, processor: Processor, namespace: str) -> Broker:
+    async def load(cls, processor: Processor, namespace: str, peers: Peers | None = None) -> Broker:
         """The broker with the namespace's persistent sessions restored from storage;
-        those that expired while the server was down are removed."""
-        broker = cls(processor, namespace)
+        those that expired while the server was down are removed. With ``peers``, it
+        then follows what the other gateways announce from the point it listed."""
+        broker = cls(processor, namespace, peers)
         await processor.set_group_config(
             broker.caller, POP_GROUP, GroupConfig(max_delivery_attempts=None, dead_letter=False)
         )
+        events_from = await broker._events_start() if peers is not None else 0
+        broker._applied = events_from
         now = processor.clock.now_ms()
         saved = await processor.meta_list(broker.caller, _SESSION_KIND)
         for client_id, raw in saved.items():
-            session = Session(
-                client_id=client_id,
-                expiry_s=raw["expiry_s"],
-                queue=QueueRef(namespace, raw["queue"]),
-                inbound_qos2=_inbound_from_json(raw.get("qos2_in", ())),
-                outbound_pubrel=set(raw.get("qos2_out", ())),
-                release_epoch=raw.get("release_epoch", 0),
-            )
-            if "incarnation" in raw:
-                session.incarnation = raw["incarnation"]
+            session = broker._session_from(client_id, raw)
             gone_ms = raw.get("disconnected_ms") or now
             left_ms = _expiry_left_ms(session.expiry_s, gone_ms, now)
             if left_ms is not None and left_ms <= 0:
@@ -228,8 +249,28 @@ class Broker:
             for topic_filter, options in raw["subs"].items():
                 await broker._index_add(session, topic_filter, SubOptions.from_json(options))
             broker._schedule_expiry(session, left_ms)
-        await broker._drop_orphan_groups()
+        if peers is None:
+            await broker._drop_orphan_groups()
+        else:  # a shared queue may have members that only another gateway knows
+            broker._events_task = asyncio.get_running_loop().create_task(
+                broker._follow_events(events_from)
+            )
         return broker
+
+    def _session_from(self, client_id: str, raw: dict[str, Any]) -> Session:
+        """A session as its saved record describes it, without its subscriptions."""
+        queue = raw.get("queue")
+        session = Session(
+            client_id=client_id,
+            expiry_s=raw["expiry_s"],
+            queue=QueueRef(self.namespace, queue) if queue else None,
+            inbound_qos2=_inbound_from_json(raw.get("qos2_in", ())),
+            outbound_pubrel=set(raw.get("qos2_out", ())),
+            release_epoch=raw.get("release_epoch", 0),
+        )
+        if "incarnation" in raw:
+            session.incarnation = raw["incarnation"]
+        return session
 
     # -- sessions ------------------------------------------------------------------
 
@@ -245,6 +286,9 @@ class Broker:
         if old is not None and old.owner is not None:
             await old.owner.take_over()
             old = self.sessions.get(client_id)  # the old connection may have ended it
+        if self.peers is not None:
+            await self._claim(client_id)  # from whichever gateway serves it now
+            old = self.sessions.get(client_id)
         if old is not None:
             _cancel_timers(old)
             if clean_start:
@@ -294,17 +338,15 @@ class Broker:
 
         def expire() -> None:
             if session.owner is None and self.sessions.get(session.client_id) is session:
-                spawn(self._discard(session))
+                spawn(self._discard(session) if self.peers is None else self._expire(session))
 
         self.schedule(session, left_ms / 1000, expire)
 
     async def _discard(self, session: Session) -> None:
-        _cancel_timers(session)
-        if self.sessions.get(session.client_id) is session:
-            del self.sessions[session.client_id]
-        for topic_filter in list(session.subscriptions):
-            self._index_remove(session, topic_filter)
-        session.subscriptions.clear()
+        self._forget(session, drop_groups=True)
+        if self.peers is not None and session.announced:
+            with contextlib.suppress(StorageError):  # the others check storage too
+                await self._emit("gone", client=session.client_id, incarnation=session.incarnation)
         if session.queue is not None:
             # A new session of the same client id waits for this (its queue has the
             # same name): see attach.
@@ -320,25 +362,219 @@ class Broker:
                     del self._ending[session.client_id]
                 done.set_result(None)
 
-    async def _save(self, session: Session, *, disconnected_ms: int | None) -> None:
+    def _forget(self, session: Session, *, drop_groups: bool = False) -> None:
+        """Drop the session from this gateway's view (storage is the caller's). Only
+        the gateway ending a session deletes the shared queues it leaves empty."""
+        _cancel_timers(session)
+        if self.sessions.get(session.client_id) is session:
+            del self.sessions[session.client_id]
+        for topic_filter in list(session.subscriptions):
+            self._index_remove(session, topic_filter, drop_group=drop_groups)
+        session.subscriptions.clear()
+
+    def _record(self, session: Session, disconnected_ms: int | None) -> dict[str, Any]:
+        serving = self.peers.self_id if self.peers is not None and disconnected_ms is None else None
+        return {
+            "expiry_s": session.expiry_s,
+            "queue": session.queue.topic if session.queue is not None else None,
+            "subs": {f: o.to_json() for f, o in session.subscriptions.items()},
+            "disconnected_ms": disconnected_ms,
+            # QoS 2 flows in progress. The release epoch is saved before every
+            # PUBCOMP (see qos2_dedup_key); the rest when the client leaves.
+            "qos2_in": sorted(session.inbound_qos2.items()),
+            "qos2_out": sorted(session.outbound_pubrel),
+            "release_epoch": session.release_epoch,
+            "incarnation": session.incarnation,
+            "gateway": serving,  # several gateways: the one serving it, if any
+        }
+
+    async def _save(
+        self, session: Session, *, disconnected_ms: int | None, announce: bool = True
+    ) -> None:
         assert session.queue is not None
-        await self.processor.meta_put(
-            self.caller,
-            _SESSION_KIND,
-            session.client_id,
-            {
-                "expiry_s": session.expiry_s,
-                "queue": session.queue.topic,
-                "subs": {f: o.to_json() for f, o in session.subscriptions.items()},
-                "disconnected_ms": disconnected_ms,
-                # QoS 2 flows in progress. The release epoch is saved before every
-                # PUBCOMP (see qos2_dedup_key); the rest when the client leaves.
-                "qos2_in": sorted(session.inbound_qos2.items()),
-                "qos2_out": sorted(session.outbound_pubrel),
-                "release_epoch": session.release_epoch,
-                "incarnation": session.incarnation,
-            },
-        )
+        record = self._record(session, disconnected_ms)
+        await self.processor.meta_put(self.caller, _SESSION_KIND, session.client_id, record)
+        if announce and self.peers is not None:
+            await self._announce(session, record)
+
+    async def _announce(self, session: Session, record: dict[str, Any]) -> None:
+        assert self.peers is not None
+        session.announced = True
+        fresh, session.fresh = session.fresh, set()
+        offset = await self._emit("session", client=session.client_id, record=record)
+        for topic_filter in fresh:
+            if topic_filter in session.subscriptions:
+                session.announced_at[topic_filter] = offset
+
+    # -- several gateways: see protocols/mqtt/peers.py ------------------------------
+
+    async def _events_start(self) -> int:
+        """Where this gateway starts following ``$mqtt.events``: taken before the
+        session listing, so a change made meanwhile is both listed and followed (its
+        record says it all: applying it twice is harmless)."""
+        await self.ensure_topic(EVENTS_TOPIC)
+        for _ in range(_ROUTE_RETRIES):
+            try:
+                offsets = await self.processor.queue_offsets(self.caller, self._events_queue)
+                return offsets.latest
+            except TopicNotFound:  # created by another gateway, not yet in our routes
+                await asyncio.sleep(_ROUTE_RETRY_S)
+        offsets = await self.processor.queue_offsets(self.caller, self._events_queue)
+        return offsets.latest
+
+    async def _emit(self, kind: str, **fields: Any) -> int:
+        """Tell the other gateways: an :class:`Event` from this one appended to
+        ``$mqtt.events``; returns its offset there."""
+        assert self.peers is not None
+        event = Event(kind=kind, origin=self.peers.self_id, **fields)
+        message = encode_event(event, self.processor.clock.now_ms())
+        request = AppendRequest(entry=message, queues=(self._events_queue,))
+        (result,) = await self.processor.append(self.caller, [request], metered=False)
+        return result.placements[0].offset if result.placements else 0
+
+    async def _follow_events(self, offset: int) -> None:
+        assert self.peers is not None
+        me = self.peers.self_id
+        while True:
+            try:
+                result = await self.processor.read(
+                    self.caller,
+                    self._events_queue,
+                    offset,
+                    max_messages=256,
+                    wait_ms=_EVENTS_WAIT_MS,
+                    metered=False,
+                )
+            except OffsetOutOfRange as e:
+                offset = e.earliest if offset < e.earliest else e.latest
+                continue
+            except StorageError as e:
+                log.warning("mqtt: following the events of %s: %s", self.namespace, e)
+                await asyncio.sleep(1.0)
+                continue
+            offset = result.next_offset
+            for stored in result.messages:
+                event = decode_event(stored.message)
+                # Before applying: what _apply changes in the index, it changes before
+                # its first await (a publish meanwhile is routed by it).
+                self._applied = stored.offset + 1
+                if event is not None and event.origin != me:
+                    try:
+                        await self._apply(event)
+                    except StorageError as e:
+                        log.warning("mqtt: applying %s of %s: %s", event.kind, event.client, e)
+                    except Exception:  # one bad record must not stop the gateway following
+                        log.exception("mqtt: applying %s of %s failed", event.kind, event.client)
+
+    async def _apply(self, event: Event) -> None:
+        if event.kind == "session":
+            await self._adopt(event.client, event.record)
+        elif event.kind == "gone":
+            session = self.sessions.get(event.client)
+            if (
+                session is not None
+                and session.owner is None
+                and session.incarnation == event.incarnation
+            ):
+                self._forget(session)
+        elif event.kind == "attach":
+            spawn(self._let_go(event))  # closing a connection must not hold the others up
+        elif event.kind == "released":
+            waiting = self._releases.pop(event.nonce, None)
+            if waiting is not None and not waiting.done():
+                waiting.set_result(None)
+
+    async def _let_go(self, event: Event) -> None:
+        """A client connected to another gateway: close its connection here (taken
+        over; ending it saves the session), then answer if asked to."""
+        assert self.peers is not None
+        session = self.sessions.get(event.client)
+        if session is not None and session.owner is not None:
+            await session.owner.take_over()
+        if event.host == self.peers.self_id:
+            await self._emit("released", client=event.client, nonce=event.nonce)
+
+    async def _claim(self, client_id: str) -> None:
+        """Take the session over from the gateway serving it (v5 0x8E there): tell
+        every gateway, wait (a while: it may be dead) for the one named in the record
+        to save and let go, then read the session as storage has it."""
+        assert self.peers is not None
+        me = self.peers.self_id
+        record = await self.processor.meta_get(self.caller, _SESSION_KIND, client_id)
+        host = record.get("gateway") if record else None
+        nonce = ""
+        waiting: asyncio.Future[None] | None = None
+        if host is not None and host != me and host in self.peers.alive():
+            nonce = uuid.uuid4().hex
+            waiting = self._releases[nonce] = asyncio.get_running_loop().create_future()
+        await self._emit("attach", client=client_id, host=host, nonce=nonce)
+        if waiting is not None:
+            try:
+                async with asyncio.timeout(_RELEASE_WAIT_S):
+                    await waiting
+            except TimeoutError:
+                log.warning("mqtt %s: gateway %s did not let the session go", client_id, host)
+            finally:
+                self._releases.pop(nonce, None)
+            record = await self.processor.meta_get(self.caller, _SESSION_KIND, client_id)
+        await self._adopt(client_id, record)
+
+    async def _adopt(self, client_id: str, record: dict[str, Any] | None) -> None:
+        """Make this gateway's view of a session it does not serve the record's: its
+        subscriptions route publishes made here into its queue."""
+        session = self.sessions.get(client_id)
+        if session is not None and session.owner is not None:
+            return  # served here: the record is this gateway's own
+        if session is not None and (
+            record is None or session.incarnation != record.get("incarnation")
+        ):
+            self._forget(session)
+            session = None
+        if record is None:
+            return
+        fresh = self._session_from(client_id, record)
+        if session is None:
+            session = self.sessions[client_id] = fresh
+        else:
+            session.expiry_s = fresh.expiry_s
+            session.queue = fresh.queue
+            session.inbound_qos2 = fresh.inbound_qos2
+            session.outbound_pubrel = fresh.outbound_pubrel
+            session.release_epoch = fresh.release_epoch
+        _cancel_timers(session)  # resumed elsewhere: no expiry, no will here
+        # The index changes at once, with no await in between: a publish stamped with
+        # this event as applied must have been routed by it (see _route_peer).
+        wanted = {f: SubOptions.from_json(o) for f, o in record["subs"].items()}
+        for topic_filter in list(session.subscriptions):
+            if topic_filter not in wanted:
+                self._index_remove(session, topic_filter, drop_group=False)
+        to_tail = []
+        for topic_filter, options in wanted.items():
+            if session.subscriptions.get(topic_filter) != options:
+                to_tail.append(self._index_put(session, topic_filter, options))
+        for inner, new in to_tail:
+            if new:
+                await self._count_tail(inner)
+        gone_ms = record.get("disconnected_ms")
+        if gone_ms is not None and session.queue is not None:
+            now = self.processor.clock.now_ms()
+            self._schedule_expiry(session, _expiry_left_ms(session.expiry_s, gone_ms, now))
+
+    async def _expire(self, session: Session) -> None:
+        """Several gateways: expire a session only if storage agrees it is still the
+        same one, offline, and past its expiry (another gateway may have resumed it)."""
+        record = await self.processor.meta_get(self.caller, _SESSION_KIND, session.client_id)
+        if self.sessions.get(session.client_id) is not session or session.owner is not None:
+            return
+        gone_ms = record.get("disconnected_ms") if record else None
+        if record is None or record.get("incarnation") != session.incarnation or gone_ms is None:
+            await self._adopt(session.client_id, record)
+            return
+        left_ms = _expiry_left_ms(session.expiry_s, gone_ms, self.processor.clock.now_ms())
+        if left_ms is not None and left_ms > 0:
+            self._schedule_expiry(session, left_ms)
+            return
+        await self._discard(session)
 
     # -- QoS 2 in: exactly once across crashes ------------------------------------
 
@@ -362,8 +598,8 @@ class Broker:
         whether it was known (v5 3.7.2.1)."""
         known = [session.inbound_qos2.pop(pid, None) is not None for pid in packet_ids]
         session.release_epoch += 1
-        if session.queue is not None:
-            await self._save(session, disconnected_ms=None)
+        if session.queue is not None:  # the others read it from storage when they need it
+            await self._save(session, disconnected_ms=None, announce=False)
         return known
 
     # -- subscriptions -------------------------------------------------------------
@@ -378,6 +614,8 @@ class Broker:
         if not new:
             self._index_remove(session, topic_filter)
         await self._index_add(session, topic_filter, options)
+        if self.peers is not None and new:
+            session.fresh.add(topic_filter)
         return new
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:
@@ -391,6 +629,8 @@ class Broker:
         UNSUBSCRIBE packet, however many filters it names."""
         if session.queue is not None:
             await self._save(session, disconnected_ms=None)
+        elif self.peers is not None:  # shared groups must be known where it is published
+            await self._announce(session, self._record(session, None))
 
     async def _index_add(self, session: Session, topic_filter: str, options: SubOptions) -> None:
         session.subscriptions[topic_filter] = options
@@ -403,9 +643,28 @@ class Broker:
         # Only now: the tail routes as soon as it starts, and must find this entry.
         await self._count_tail(shared[1] if shared else topic_filter)
 
-    def _index_remove(self, session: Session, topic_filter: str) -> None:
+    def _index_put(
+        self, session: Session, topic_filter: str, options: SubOptions
+    ) -> tuple[str, bool]:
+        """Another gateway's subscription into the index, at once (its shared queue
+        exists: that gateway made it). Returns the filter to tail, and whether it is
+        new here (its tail is to be counted)."""
+        new = topic_filter not in session.subscriptions
+        session.subscriptions[topic_filter] = options
+        shared = split_shared(topic_filter)
+        if shared is None:
+            self.index.add(topic_filter, session.client_id, (session, options))
+            return topic_filter, new
+        group = self.shared.get(shared) or self._put_group(*shared)
+        group.members[session.client_id] = session
+        return shared[1], new
+
+    def _index_remove(
+        self, session: Session, topic_filter: str, *, drop_group: bool = True
+    ) -> None:
         if session.subscriptions.pop(topic_filter, None) is None:
             return
+        session.announced_at.pop(topic_filter, None)
         shared = split_shared(topic_filter)
         self._uncount_tail(shared[1] if shared else topic_filter)
         if shared is None:
@@ -415,7 +674,7 @@ class Broker:
         if group is not None:
             group.members.pop(session.client_id, None)
             if not group.members:
-                self._drop_group(shared, group)
+                self._drop_group(shared, group, drop_queue=drop_group)
 
     async def _new_group(self, name: str, inner: str) -> SharedGroup:
         queue = QueueRef(self.namespace, _queue_topic(_SHARED_PREFIX, f"{name}/{inner}"), 0)
@@ -423,13 +682,18 @@ class Broker:
         if dropping is not None:  # the group's last member just left: a new queue
             await asyncio.shield(dropping)
         await self.ensure_topic(queue.topic)
-        group = self.shared.get((name, inner))  # another member may have made it meanwhile
-        if group is None:
-            group = self.shared[(name, inner)] = SharedGroup(name=name, filter=inner, queue=queue)
-            self.index.add(inner, ("$share", name), group)
+        # another member may have made it meanwhile
+        return self.shared.get((name, inner)) or self._put_group(name, inner)
+
+    def _put_group(self, name: str, inner: str) -> SharedGroup:
+        queue = QueueRef(self.namespace, _queue_topic(_SHARED_PREFIX, f"{name}/{inner}"), 0)
+        group = self.shared[(name, inner)] = SharedGroup(name=name, filter=inner, queue=queue)
+        self.index.add(inner, ("$share", name), group)
         return group
 
-    def _drop_group(self, key: tuple[str, str], group: SharedGroup) -> None:
+    def _drop_group(
+        self, key: tuple[str, str], group: SharedGroup, *, drop_queue: bool = True
+    ) -> None:
         """The last member left (unsubscribed, or its session ended): the group is
         gone, and its queue with what waited in it (no subscription, no message).
         Members of a persistent session that is only offline stay members."""
@@ -437,6 +701,8 @@ class Broker:
         self.index.remove(group.filter, ("$share", group.name))
         topic = group.queue.topic
         self._topics.discard(topic)
+        if not drop_queue:
+            return
 
         async def delete() -> None:
             try:
@@ -484,13 +750,27 @@ class Broker:
     def _tail(self, topic: str, *, from_start: bool = False) -> TopicTail:
         tail = self._tails.get(topic)
         if tail is None or tail.done():
+
+            def wanted() -> bool:
+                return topic in self._tail_refs or (self._wild_refs > 0 and _public(topic))
+
+            async def route(stored: list[StoredMessage], live: bool) -> None:
+                if self.peers is None:
+                    await self._route_foreign(topic, stored, live=live)
+                else:
+                    await self._route_tailed(topic, stored, live=live)
+
+            peers = self.peers
             tail = TopicTail(
                 self.processor,
                 self.caller,
                 topic,
-                lambda stored, live: self._route_foreign(topic, stored, live=live),
-                lambda: topic in self._tail_refs or (self._wild_refs > 0 and _public(topic)),
+                route,
+                wanted,
                 from_start=from_start,
+                # Several gateways: each follows for its own clients, at its own position.
+                group=TAIL_GROUP if peers is None else f"{TAIL_GROUP}.{peers.self_id}",
+                keep=None if peers is None else self._not_ours,
             )
             self._tails[topic] = tail
             tail.start()
@@ -538,6 +818,10 @@ class Broker:
         requests = []
         memory: list[tuple[SessionOwner, Delivery]] = []
         woken: list[SessionOwner] = []
+        # Several gateways: every one hands its own online clients what they get from
+        # memory, and one (by the topic's hash) copies into queues (the pumps of
+        # sessions served elsewhere wait on their queue, see Outbound._pump).
+        copy = self.peers is None or self.peers.owns(topic)
         for record in stored:
             message = replace(
                 record.message,
@@ -546,20 +830,101 @@ class Broker:
             item = Outgoing(message=message, topic=topic, qos=1, retain=False)
             queues: list[QueueRef] = []
             self._route(item, queues, memory, woken)
-            if queues:
+            if queues and copy:
                 requests.append(AppendRequest(entry=message, queues=tuple(queues)))
         if requests:  # copies of what its producer was metered for already
             await self.processor.append(self.caller, requests, metered=False)
         if live:
             for owner, delivery in memory:
                 owner.deliver(delivery)
-        for owner in woken:
-            owner.wake()
+        if copy:
+            for owner in woken:
+                owner.wake()
+
+    def _not_ours(self, stored: StoredMessage) -> bool:
+        """What a gateway's tail routes: other protocols' messages, and MQTT publishes
+        another gateway stored (for this gateway's online clients)."""
+        assert self.peers is not None
+        if not from_mqtt(stored):
+            return True
+        stamp = stamp_of(stored)
+        return stamp is None or stamp[0] != self.peers.self_id
+
+    async def _route_tailed(
+        self, topic: str, stored: list[StoredMessage], *, live: bool = True
+    ) -> None:
+        foreign = [m for m in stored if not from_mqtt(m)]
+        if foreign:
+            await self._route_foreign(topic, foreign, live=live)
+        if live and len(foreign) < len(stored):
+            await self._route_peer(topic, [m for m in stored if from_mqtt(m)])
+
+    async def _route_peer(self, topic: str, stored: list[StoredMessage]) -> None:
+        """MQTT publishes another gateway stored: it put them into every queue it knew
+        they reach (session or shared) with the same append, so here they go to this
+        gateway's online clients from memory, and to the queues of subscriptions made
+        here that it did not know yet (:meth:`_missed`). The pumps of the queues need
+        no wake: they wait on the queues themselves (a queue's copy may be on another
+        storage node, and land after the topic's)."""
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []  # ignored, as are the queues
+        requests = []
+        for record in stored:
+            message = record.message
+            item = Outgoing(
+                message=message,
+                topic=mqtt_topic_of(message, topic),
+                qos=published_qos(message),
+                retain=message.property(MQTT_RETAIN) == b"1",
+                publisher=message.producer,
+            )
+            self._route(item, [], memory, woken)
+            stamp = stamp_of(record)
+            missed = self._missed(item, stamp[1]) if stamp is not None else []
+            if missed:
+                requests.append(AppendRequest(entry=message, queues=tuple(missed)))
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+        if requests:
+            await self.processor.append(self.caller, requests, metered=False)
+
+    def _missed(self, item: Outgoing, applied: int) -> list[QueueRef]:
+        """Queues of persistent sessions the publishing gateway did not route ``item``
+        to: every filter of theirs matching it was subscribed here and announced at or
+        after the events offset that gateway had applied when it stored the item
+        (``applied``, from its stamp). Only the gateway that announced those filters
+        knows that, so it alone makes the copy: exactly once."""
+        if item.qos == 0:
+            return []
+        missed: list[QueueRef] = []
+        for _, value in self.index.match(item.topic):
+            if isinstance(value, SharedGroup):
+                continue
+            session, options = value
+            queue = session.queue
+            if queue is None or not session.announced_at:
+                continue
+            if queue in missed or (options.no_local and session.client_id == item.publisher):
+                continue
+            matching = [
+                (f, o.qos)
+                for f, o in session.subscriptions.items()
+                if split_shared(f) is None and filter_matches(f, item.topic)
+            ]
+            unknown = all(session.announced_at.get(f, -1) >= applied for f, _ in matching)
+            if matching and unknown and any(qos > 0 for _, qos in matching):
+                missed.append(queue)
+        return missed
 
     async def close(self) -> None:
         """Stop timers and tails (server stop): storage closes next."""
         for session in self.sessions.values():
             _cancel_timers(session)
+        events, self._events_task = self._events_task, None
+        if events is not None:
+            events.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await events
         discovery, self._discovery = self._discovery, None
         if discovery is not None:
             discovery.cancel()
@@ -572,6 +937,19 @@ class Broker:
         self._tails.clear()
         for tail in tails:
             await tail.stop()
+
+    def follows(self, client_id: str, topic_filter: str) -> bool:
+        """Whether this gateway routes what is published to ``topic_filter`` for
+        ``client_id``'s subscription, its tail included (the admin view, tests)."""
+        session = self.sessions.get(client_id)
+        if session is None or topic_filter not in session.subscriptions:
+            return False
+        shared = split_shared(topic_filter)
+        inner = shared[1] if shared else topic_filter
+        if inner.split("/", 1)[0] in ("+", "#"):
+            return self._discovered.is_set()
+        tail = self._tails.get(storage_topic(inner))
+        return tail is not None and tail.is_ready()
 
     def shared_queues(self, session: Session) -> list[tuple[QueueRef, SubOptions]]:
         found = []
@@ -604,7 +982,7 @@ class Broker:
         leave them out."""
         if topic in self._topics:
             return
-        config = _INTERNAL_TOPIC if topic.startswith(_QUEUE_PREFIXES) else _PUBLIC_TOPIC
+        config = _INTERNAL_TOPIC if topic.startswith(_INTERNAL_PREFIXES) else _PUBLIC_TOPIC
         with contextlib.suppress(TopicAlreadyExists):
             await self.processor.create_topic(self.caller, topic, config)
         self._topics.add(topic)
@@ -622,6 +1000,8 @@ class Broker:
         for item in items:
             topic = storage_topic(item.topic)
             await self.ensure_topic(topic)
+            if self.peers is not None:  # with no await before _route: see _route_peer
+                item.message = stamped(item.message, b"%d:%s" % (self._applied, self._stamp))
             queues = [QueueRef(self.namespace, topic, 0)]
             self._route(item, queues, memory, woken)
             requests.append(
@@ -632,11 +1012,7 @@ class Broker:
         try:
             await self.processor.append(self.caller, requests)
         except TopicNotFound:
-            self._topics.clear()  # deleted behind our back: create again and retry once
-            for request in requests:
-                for queue in request.queues:
-                    await self.ensure_topic(queue.topic)
-            await self.processor.append(self.caller, requests)
+            await self._append_again(requests)
         self.messages_in += len(items)
         for item in items:
             if item.retain:
@@ -648,6 +1024,25 @@ class Broker:
                 )
         for owner in woken:
             owner.wake()
+
+    async def _append_again(self, requests: list[AppendRequest]) -> None:
+        """A topic of the append was deleted behind our back: create it again and
+        retry. In the separated form a topic just created (by another gateway, or by
+        a concurrent create here) may also be unknown to the routes for a moment,
+        until the storage nodes' next heartbeat reaches the nameservers: a few
+        retries then."""
+        for attempt in range(_ROUTE_RETRIES):
+            self._topics.clear()
+            for request in requests:
+                for queue in request.queues:
+                    await self.ensure_topic(queue.topic)
+            try:
+                await self.processor.append(self.caller, requests)
+                return
+            except TopicNotFound:
+                if attempt == _ROUTE_RETRIES - 1:
+                    raise
+                await asyncio.sleep(_ROUTE_RETRY_S)
 
     def _route(
         self,

@@ -14,7 +14,9 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 from gateway.processor import Caller
 from protocols.mqtt import codec
@@ -29,7 +31,7 @@ from protocols.mqtt.services import MqttServices
 from protocols.mqtt.topic_filter_index import SHARE_PREFIX
 from protocols.mqtt.transport import Transport
 from storage.errors import StorageError
-from storage.model import Message, StoredMessage
+from storage.model import Message, QueueRef, StoredMessage
 
 __all__ = ["Outbound"]
 
@@ -38,6 +40,8 @@ log = logging.getLogger(__name__)
 _INVISIBLE_MS = 30_000  # a popped message not acked in this time is handed out again
 _STOP_WAIT_S = 10.0  # for the pump's storage call in progress when the connection ends
 _REPOLL_S = 30.0  # = the invisibility: popped messages never acked show up again
+_RETRY_S = 0.5  # after a failed pop
+_LONG_POLL_MS = 10_000  # several gateways: how long one waiting pop waits
 _SHARED_BATCH = 4
 _BACKLOG_LIMIT = 10_000  # memory deliveries waiting for window room, per connection
 QOS0_DROP_BYTES = 8 << 20  # a subscriber this far behind loses QoS 0 messages
@@ -302,11 +306,18 @@ class Outbound:
         wake a waiting pop for a message given back). A storage call that the
         connection's end cancels is then never left waiting with messages it might
         still hand out. Messages whose invisibility ran out (after a crash) are found
-        by the poll every ``_REPOLL_S``."""
+        by the poll every ``_REPOLL_S``.
+
+        With several gateways, other gateways write the queues too, and an append's
+        copy into a queue may land on another storage node after the copy the
+        waking tail saw: there the pump waits in storage (a long-poll pop), given up
+        as soon as something here wakes it (a pop may be cancelled at any time
+        without losing a message)."""
         assert self._broker is not None and self._session is not None
         assert self._caller is not None and self._pump_wake is not None
         broker, session, caller, wake = self._broker, self._session, self._caller, self._pump_wake
         processor = self._services.processor
+        long_poll = broker.peers is not None
         while self.active:
             room = self.window - len(self._inflight)
             shared = broker.shared_queues(session)
@@ -315,19 +326,28 @@ class Outbound:
                 queues.append(session.queue)
             wake.clear()
             popped: list[StoredMessage] = []
+            idle_s = _REPOLL_S
+            waited = False
             if room > 0 and queues:
                 try:
                     # Members of a shared group take a few at a time, so the group's
                     # messages spread over the members rather than go to the first.
-                    popped = await processor.pop(
+                    pop = processor.pop(
                         caller,
                         POP_GROUP,
                         queues,
                         max_messages=min(room, _SHARED_BATCH) if shared else room,
                         invisible_ms=_INVISIBLE_MS,
+                        wait_ms=_LONG_POLL_MS if long_poll else 0,
                     )
+                    if long_poll:
+                        popped = await _pop_until_stale(pop, wake, self._stale(queues))
+                        waited = True
+                    else:
+                        popped = await pop
                 except StorageError as e:
                     log.warning("mqtt %s: pop failed: %s", session.client_id, e)
+                    idle_s = _RETRY_S  # a storage node down, a route not known yet
             options = dict(shared)
             for stored in popped:
                 self._send_stored(stored, options.get(stored.queue))
@@ -335,10 +355,22 @@ class Outbound:
             if self._to_ack:
                 receipts, self._to_ack = self._to_ack, []
                 await processor.ack_many(caller, POP_GROUP, receipts)
-            if not popped:
+            if not popped and not waited:
                 with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(_REPOLL_S):
+                    async with asyncio.timeout(idle_s):
                         await wake.wait()
+
+    def _stale(self, queues: list[QueueRef]) -> Callable[[], bool]:
+        """Whether a waiting pop over ``queues`` must be given up: the connection
+        ends, or the session's shared subscriptions changed which queues to pop."""
+        assert self._broker is not None and self._session is not None
+        broker, session = self._broker, self._session
+        shared = queues[:-1] if session.queue is not None else queues
+
+        def stale() -> bool:
+            return not self.active or [q for q, _ in broker.shared_queues(session)] != shared
+
+        return stale
 
     def _send_stored(self, stored: StoredMessage, shared: SubOptions | None) -> None:
         assert self._broker is not None and self._session is not None
@@ -367,3 +399,31 @@ class Outbound:
         )
         if not qos or not sent:
             self._to_ack.append(stored.receipt)
+
+
+async def _pop_until_stale(
+    pop: Coroutine[Any, Any, list[StoredMessage]],
+    wake: asyncio.Event,
+    stale: Callable[[], bool],
+) -> list[StoredMessage]:
+    """A waiting pop. Wakes meanwhile (acks, this gateway's publishes) do not cut it
+    short: a cancelled pop gives back what it took, and the next pop could overtake
+    those, out of order. Only ``stale`` does (then nothing is handed out, unless it
+    already was: those are returned, to be sent)."""
+    popping = asyncio.ensure_future(pop)
+    try:
+        while True:
+            woken = asyncio.ensure_future(wake.wait())
+            try:
+                await asyncio.wait({popping, woken}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                woken.cancel()
+            if popping.done() or stale():
+                break
+            wake.clear()  # the pump pops again anyway once this pop returns
+    finally:
+        popping.cancel()
+        await asyncio.gather(popping, return_exceptions=True)
+    if popping.cancelled():
+        return []
+    return popping.result()

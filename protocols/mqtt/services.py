@@ -13,16 +13,18 @@ from dataclasses import dataclass
 from gateway.accounts import Accounts
 from gateway.config import MqttConfig
 from gateway.connections import ConnectionRegistry
+from gateway.directory import SingleGateway
 from gateway.listeners import ListenerContext
 from gateway.metering import Metering
 from gateway.processor import Processor
 from protocols.mqtt.broker import Broker, Delivery
 from protocols.mqtt.options import MqttOptions
+from protocols.mqtt.peers import Peers
 from protocols.mqtt.topic_filter_index import filter_matches
 from storage.clock import Clock
 from storage.model import Message
 
-__all__ = ["BrokerRegistry", "MqttServices", "Stats", "services_for"]
+__all__ = ["BrokerRegistry", "MqttServices", "Stats", "services_for", "serving"]
 
 
 @dataclass(slots=True)
@@ -35,8 +37,9 @@ class Stats:
 class BrokerRegistry:
     """One :class:`Broker` per namespace, loaded from storage on first use."""
 
-    def __init__(self, processor: Processor) -> None:
+    def __init__(self, processor: Processor, peers: Peers | None = None) -> None:
         self._processor = processor
+        self._peers = peers
         self._brokers: dict[str, Broker] = {}
         self._loading: dict[str, asyncio.Future[Broker]] = {}
 
@@ -50,7 +53,7 @@ class BrokerRegistry:
         future: asyncio.Future[Broker] = asyncio.get_running_loop().create_future()
         self._loading[namespace] = future
         try:
-            broker = await Broker.load(self._processor, namespace)
+            broker = await Broker.load(self._processor, namespace, self._peers)
         except BaseException as e:
             future.set_exception(e)
             future.exception()  # retrieved: waiters re-raise it
@@ -156,7 +159,7 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
             connections=context.connections,
             config=context.config.mqtt,
             clock=context.clock,
-            brokers=BrokerRegistry(context.processor),
+            brokers=BrokerRegistry(context.processor, _peers(context)),
             stats=Stats(started_ms=context.clock.now_ms()),
             options=options
             or MqttOptions(
@@ -166,3 +169,17 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
         )
         _SHARED[context.processor] = services
     return services
+
+
+def serving(processor: Processor) -> MqttServices | None:
+    """The MQTT services of the gateway with this processor, if it serves MQTT."""
+    return _SHARED.get(processor)
+
+
+def _peers(context: ListenerContext) -> Peers | None:
+    """Other gateways may serve the same namespaces unless this is the merged form's
+    only gateway."""
+    if isinstance(context.directory, SingleGateway):
+        return None
+    gateway_id = context.config.cluster.gateway_id or context.directory.self_id
+    return Peers(self_id=gateway_id, directory=context.directory)

@@ -21,7 +21,7 @@ from protocols import interop
 from storage.errors import InvalidName, OffsetOutOfRange, StorageError, TopicNotFound
 from storage.model import QueueRef, StoredMessage
 
-__all__ = ["TAIL_GROUP", "TopicTail"]
+__all__ = ["TAIL_GROUP", "TopicTail", "from_mqtt"]
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,13 @@ class TopicTail:
         wanted: Callable[[], bool],
         *,
         from_start: bool = False,
+        group: str = TAIL_GROUP,
+        keep: Callable[[StoredMessage], bool] | None = None,
     ) -> None:
         """``from_start``: the topic is known to be newer than the filters that want
-        it (found by a wildcard filter's discovery), so all of it is new."""
+        it (found by a wildcard filter's discovery), so all of it is new. ``group``
+        holds the position (one per gateway when several serve the namespace);
+        ``keep`` says which messages to route (by default those not from MQTT)."""
         self._processor = processor
         self._caller = caller
         self.topic = topic
@@ -59,11 +63,16 @@ class TopicTail:
         self._main: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
         self._from_start = from_start
+        self._group = group
+        self._keep = keep or _not_from_mqtt
 
     async def ready(self) -> None:
         """Wait until the tail knows where it starts: a message stored after this
         returns is routed."""
         await self._ready.wait()
+
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
 
     def done(self) -> bool:
         return self._main is None or self._main.done()
@@ -101,13 +110,13 @@ class TopicTail:
             starts = []
             for i, offsets in enumerate(info.queues):
                 queue = QueueRef(namespace, self.topic, i)
-                committed = await self._processor.fetch_offset(self._caller, TAIL_GROUP, queue)
+                committed = await self._processor.fetch_offset(self._caller, self._group, queue)
                 live_from = offsets.latest
                 if committed is not None:  # resume where the last run stopped
                     start = committed.offset
                 else:  # first run: from here on, and remember that
                     start = live_from = offsets.earliest if from_start else offsets.latest
-                    await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, start)
+                    await self._processor.commit_offset(self._caller, self._group, queue, start)
                 starts.append((queue, start, live_from))
             loop = asyncio.get_running_loop()
             self._tasks = [loop.create_task(self._follow(*start)) for start in starts]
@@ -136,7 +145,8 @@ class TopicTail:
                 continue
             except TopicNotFound:
                 return
-            foreign = [m for m in result.messages if not _from_mqtt(m)]
+            keep = self._keep
+            foreign = [m for m in result.messages if keep(m)]
             offset = result.next_offset
             try:
                 old = [m for m in foreign if m.offset < live_from]
@@ -149,11 +159,15 @@ class TopicTail:
             if offset != committed and (
                 foreign or time.monotonic() - committed_at > _COMMIT_EVERY_S
             ):
-                await self._processor.commit_offset(self._caller, TAIL_GROUP, queue, offset)
+                await self._processor.commit_offset(self._caller, self._group, queue, offset)
                 committed, committed_at = offset, time.monotonic()
 
 
-def _from_mqtt(stored: StoredMessage) -> bool:
+def _not_from_mqtt(stored: StoredMessage) -> bool:
+    return not from_mqtt(stored)
+
+
+def from_mqtt(stored: StoredMessage) -> bool:
     """Whether MQTT stored this (and so routed it already): its first property is
     ``mqtt.topic`` (mapping.message_from_publish puts it there), so MQTT's own
     messages are skipped without scanning their properties."""
