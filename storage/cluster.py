@@ -38,6 +38,7 @@ from storage.errors import (
     QueueNotFound,
     StorageError,
     StorageUnavailable,
+    TopicAlreadyExists,
     TopicNotFound,
     TransactionNotFound,
 )
@@ -427,9 +428,15 @@ class ClusterStorage:
         """On the node a nameserver places it on (the least loaded), whole."""
         check_name("topic", topic)
         node = await self._known_node(await self._source.place_topic(namespace, topic))
-        info = await self._with_namespace(
-            node, namespace, lambda c: c.create_topic(namespace, topic, config)
-        )
+        try:
+            info = await self._with_namespace(
+                node, namespace, lambda c: c.create_topic(namespace, topic, config)
+            )
+        except TopicAlreadyExists:
+            # A concurrent creator won (the nameserver placed both on this node): the
+            # topic is there all the same, and callers go on to use it.
+            self._routes.add_topic(namespace, topic, node, self._clock.now_ms())
+            raise
         self._routes.add_topic(namespace, topic, node, self._clock.now_ms())
         return info
 

@@ -169,7 +169,6 @@ def live_gateways(
     failure: list[BaseException] = []
     built: list[Gateway] = []
     engines: list[Engine] = []  # behind the gateways, when not their own storage
-    peers = _Peers(built) if count > 1 else None
 
     async def main() -> None:
         nonlocal stop
@@ -201,6 +200,7 @@ def live_gateways(
                             one,
                             cluster=dataclasses.replace(one.cluster, gateway_id=f"gateway-{i + 1}"),
                         )
+                    peers = _Peers(built, one.cluster.gateway_id) if count > 1 else None
                     if cluster:
                         gateway = Gateway.cluster(
                             one, listener_factories=factories, directory=peers
@@ -245,12 +245,13 @@ class _Peers:
     """The gateways of one ``live_gateways`` as each other's directory: every
     gateway's bound endpoints, as navigation would list them."""
 
-    def __init__(self, gateways: list[Gateway]) -> None:
+    def __init__(self, gateways: list[Gateway], self_id: str) -> None:
         self._gateways = gateways
+        self._self_id = self_id
 
     @property
-    def self_id(self) -> str:  # shared by all: only endpoints() is asked of it
-        return "live-gateways"
+    def self_id(self) -> str:
+        return self._self_id
 
     def endpoints(self, protocol: str) -> Sequence[GatewayEndpoint]:
         found = (gateway.own_endpoints().get(protocol) for gateway in self._gateways)

@@ -4,6 +4,7 @@ properties ``content-type``, ``correlation-id`` and ``reply-to``."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from typing import Any
 
@@ -55,7 +56,16 @@ class RocketMQDriver:
         message.add_property(interop.REPLY_TO, sent.reply_to)
         for name, value in sent.properties:
             message.add_property(name, value)
-        self._producer.send(message)
+        for attempt in range(3):
+            try:
+                self._producer.send(message)
+                return
+            except Exception as e:
+                # The client gives up a route query after 3 s of its own, which a
+                # loaded machine can exceed; the send itself was never tried then.
+                if "route" not in str(e) or attempt == 2:
+                    raise
+                time.sleep(0.5)
 
     def consume(self, topic: str, timeout_s: float) -> Arrived:
         consumer = self._consumer

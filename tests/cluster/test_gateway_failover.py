@@ -10,6 +10,7 @@ import time
 import uuid
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
 
 from gateway.cluster_tool import LocalCluster
 
@@ -44,10 +45,21 @@ def _consume_until(consumer: Consumer, wanted: set[bytes], seen: set[bytes]) -> 
                 consumer.commit(msg, asynchronous=False)
 
 
+def _wait_for_brokers(bootstrap: str, count: int) -> None:
+    """Until Metadata through ``bootstrap`` lists ``count`` gateways (navigation has
+    told it of the others)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    deadline = time.monotonic() + _TIMEOUT_S
+    while len(admin.list_topics(timeout=10).brokers) < count:
+        assert time.monotonic() < deadline, "Metadata never listed every gateway"
+        time.sleep(0.1)
+
+
 async def test_kafka_clients_move_to_the_other_gateway(cluster: LocalCluster) -> None:
     topic = f"failover-{uuid.uuid4().hex[:8]}"
     # Both clients know only gateway-1: gateway-2 reaches them through Metadata.
     bootstrap = _bootstrap(cluster, "gateway-1")
+    await asyncio.to_thread(_wait_for_brokers, bootstrap, 2)
     producer = Producer(
         {
             "bootstrap.servers": bootstrap,
