@@ -39,10 +39,10 @@ def _consume_until(consumer: Consumer, wanted: set[bytes], seen: set[bytes]) -> 
     deadline = time.monotonic() + _TIMEOUT_S
     while not wanted <= seen and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
-        if msg is not None and msg.error() is None:
-            seen.add(msg.value())
+        if msg is not None and msg.error() is None and (value := msg.value()) is not None:
+            seen.add(value)
             with contextlib.suppress(KafkaException):  # mid-rebalance: the next one lands
-                consumer.commit(msg, asynchronous=False)
+                consumer.commit(asynchronous=False)
 
 
 def _wait_for_brokers(bootstrap: str, count: int) -> None:
