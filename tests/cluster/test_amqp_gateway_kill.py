@@ -8,7 +8,6 @@ queues go and its single-active consumer hands over to one on the other gateway.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,22 +19,11 @@ import pytest
 from pika.exceptions import AMQPError
 
 from gateway.cluster_tool import LocalCluster, layout
-from gateway.config import ENV_PREFIX
+from tests.cluster.conftest import cluster_env
 
 _TIMEOUT_S = 60.0
-_SETTINGS = {  # a dead gateway leaves navigation's list after 2 s
-    "CLUSTER__HEARTBEAT_MS": "200",
-    "NAVIGATION__GATEWAY_EXPIRY_MS": "2000",
-    "NAMESERVER__NODE_EXPIRY_MS": "2000",
-}
 Address = tuple[str, int]
 _SAC = {"x-single-active-consumer": True}
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env.update({ENV_PREFIX + k: v for k, v in _SETTINGS.items()})
-    return env
 
 
 def _connect(addresses: Sequence[Address]) -> pika.BlockingConnection:
@@ -132,7 +120,7 @@ def _gone(connection: pika.BlockingConnection, queue: str) -> bool:
 @pytest.mark.timeout(240)
 async def test_a_killed_gateway_loses_no_confirmed_message(tmp_path: Path) -> None:
     specs = layout(storage=1, gateways=2, data_dir=tmp_path, port_offset=None)
-    cluster = LocalCluster(specs, env=_env())
+    cluster = LocalCluster(specs, env=cluster_env())
     try:
         await cluster.start()
         gateways = [cluster.address(name, "amqp") for name in ("gateway-1", "gateway-2")]
