@@ -5,6 +5,7 @@ A test module qualifies when it, or its folder's conftest, starts servers with
 :func:`tests.live_server.live_server`; it is then parametrized over ``server_form``
 (module scope, so a module's shared server is built once per form) and ``live_server``
 builds whichever form is current. ``pytest --form merged`` (or ``cluster``) runs one.
+A module that builds its servers another way says ``ONE_FORM = True``.
 """
 
 from __future__ import annotations
@@ -57,6 +58,8 @@ def _starts_live_servers(module_file: str) -> bool:
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "server_form" not in metafunc.fixturenames:
+        return
+    if getattr(metafunc.module, "ONE_FORM", False):  # builds its own servers
         return
     if not _starts_live_servers(inspect.getfile(metafunc.module)):
         return

@@ -28,6 +28,9 @@ from tests.kafka.gateways import Gateways, StaticDirectory, gateways
 from tests.kafka.raw import RawKafka
 from tests.kafka.test_kafka_idempotence import _idempotent_batch, _produce
 
+# Its gateways share one engine (tests/kafka/gateways.py), whatever the form.
+ONE_FORM = True
+
 IDS = ("gw-a", "gw-b")
 _names = itertools.count()
 

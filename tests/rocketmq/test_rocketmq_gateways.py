@@ -27,6 +27,9 @@ from tests.rocketmq.conftest import (
     unique,
 )
 
+# Its gateways share one engine (tests/kafka/gateways.py), whatever the form.
+ONE_FORM = True
+
 IDS = ("rmq-a", "rmq-b")
 QUEUES = 8
 
