@@ -85,13 +85,9 @@ class QueueCounts:
 
 
 def _group_config(attrs: QueueAttributes) -> GroupConfig:
-    dead_letter = attrs.dead_letter_queue
-    return GroupConfig(
-        max_delivery_attempts=attrs.max_receive_count if dead_letter else None,
-        fifo=attrs.fifo,
-        dead_letter=dead_letter is not None,
-        dead_letter_topic=dead_letter,
-    )
+    """Storage never dead-letters for an MNS queue: the receive does (see
+    :meth:`Queues._divert_dead`), so the target queue may be on any storage node."""
+    return GroupConfig(max_delivery_attempts=None, fifo=attrs.fifo, dead_letter=False)
 
 
 async def storage_queues(processor: Processor, caller: Caller, name: str) -> tuple[QueueRef, ...]:
@@ -308,16 +304,15 @@ class QueueService:
             refs = await storage_queues(self._processor, caller, name)
             if len(refs) > 1:
                 messages = await self._pop_by_priority(caller, name, refs, count, invisible_ms)
-                if messages:
-                    return messages
-                # A long poll over every level takes whichever comes first.
-                messages = await self._processor.pop(
-                    caller,
-                    group_of(name),
-                    refs,
-                    invisible_ms=invisible_ms,
-                    wait_ms=max(0, deadline - self._now()),
-                )
+                if not messages:
+                    # A long poll over every level takes whichever comes first.
+                    messages = await self._processor.pop(
+                        caller,
+                        group_of(name),
+                        refs,
+                        invisible_ms=invisible_ms,
+                        wait_ms=max(0, deadline - self._now()),
+                    )
             else:
                 popped = await self._pop_until_grown(caller, name, count, invisible_ms, deadline)
                 if popped is None:
@@ -325,7 +320,39 @@ class QueueService:
                 messages = popped
             if not messages:
                 raise MnsError.message_not_exist()
+            messages = await self._divert_dead(caller, name, attrs, messages)
+            if messages:
+                return messages
+            if self._now() >= deadline:  # all of them went to the dead-letter queue
+                raise MnsError.message_not_exist()
+
+    async def _divert_dead(
+        self, caller: Caller, name: str, attrs: QueueAttributes, messages: list[StoredMessage]
+    ) -> list[StoredMessage]:
+        """Messages received more than MaxReceiveCount times go to the dead-letter queue
+        instead of out: copied there (a dedup key makes a retry after a crash store it
+        once), then deleted here. The gateway does it, not storage, because the
+        target queue may live on another storage node."""
+        target, limit = attrs.dead_letter_queue, attrs.max_receive_count
+        if target is None or limit is None:
             return messages
+        dead = [m for m in messages if m.delivery_attempt > limit]
+        if not dead:
+            return messages
+        await self._processor.append(
+            caller,
+            [
+                AppendRequest(
+                    entry=m.message,
+                    queues=(QueueRef(caller.namespace, target),),
+                    dedup_key=f"{DEDUP_PREFIX}dlq:{m.message_id}:{m.delivery_attempt}",
+                )
+                for m in dead
+            ],
+        )
+        receipts = [m.receipt for m in dead if m.receipt is not None]
+        await self._processor.ack_many(caller, group_of(name), receipts)
+        return [m for m in messages if m.delivery_attempt <= limit]
 
     async def _pop_until_grown(
         self, caller: Caller, name: str, count: int, invisible_ms: int, deadline: int

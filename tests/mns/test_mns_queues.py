@@ -239,13 +239,7 @@ def test_fifo_queue_orders_per_group_and_deduplicates(server: LiveServer) -> Non
     assert bodies == ["a1", "b1"]
 
 
-def test_dead_letter_policy_moves_messages_after_max_receives(
-    server: LiveServer, server_form: str
-) -> None:
-    if server_form == "cluster":
-        # The engine dead-letters into a topic of its own node; the target queue may
-        # live on another (docs/cluster.md, "Gaps").
-        pytest.skip("dead-letter target queues on another storage node: not yet")
+def test_dead_letter_policy_moves_messages_after_max_receives(server: LiveServer) -> None:
     base = endpoint(server)
     ns = "xmlns='http://mns.aliyuncs.com/doc/v1/'"
     assert request(base, "PUT", "/queues/dlq", f"<Queue {ns}/>".encode()).status_code == 201
