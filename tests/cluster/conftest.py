@@ -1,30 +1,16 @@
 """The separated form as real processes (``polymq nameserver``, ``navigation``,
 ``storage``, ``gateway``), on free ports, for the tests that kill and restart its
-parts. Heartbeats and expiries are short so a death is noticed within seconds."""
+parts, with short heartbeats and expiries (:mod:`tests.cluster.fast_failure`)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from gateway.cluster_tool import LocalCluster, layout
-from gateway.config import ENV_PREFIX
-
-# Fast failure detection: beats every 200 ms, a silent gateway or node dropped after 2 s.
-_SETTINGS = {
-    "CLUSTER__HEARTBEAT_MS": "200",
-    "NAVIGATION__GATEWAY_EXPIRY_MS": "2000",
-    "NAMESERVER__NODE_EXPIRY_MS": "2000",
-}
-
-
-def cluster_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env.update({ENV_PREFIX + k: v for k, v in _SETTINGS.items()})
-    return env
+from tests.cluster.fast_failure import cluster_env
 
 
 @pytest.fixture

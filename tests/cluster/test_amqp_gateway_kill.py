@@ -19,7 +19,7 @@ import pytest
 from pika.exceptions import AMQPError
 
 from gateway.cluster_tool import LocalCluster, layout
-from tests.cluster.conftest import cluster_env
+from tests.cluster.fast_failure import cluster_env
 
 _TIMEOUT_S = 60.0
 Address = tuple[str, int]

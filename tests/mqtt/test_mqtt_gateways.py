@@ -7,7 +7,6 @@ restarting."""
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,11 +16,11 @@ from typing import Any
 import pytest
 
 from gateway.cluster_tool import LocalCluster, layout
-from gateway.config import ENV_PREFIX
 from gateway.processor import Caller
 from protocols.mqtt.mapping import storage_topic
 from protocols.mqtt.services import serving
 from storage.model import AppendRequest, Message, QueueRef
+from tests.cluster.fast_failure import cluster_env
 from tests.live_server import LiveServer, live_gateways, server_config
 
 from .helpers import TIMEOUT, Paho, wait_until
@@ -357,9 +356,7 @@ async def test_a_killed_gateways_subscribers_move_without_losing_acknowledged_me
     if server_form == "cluster":
         pytest.skip("separated form already: runs once, as processes")
     specs = layout(storage=2, gateways=2, data_dir=tmp_path, port_offset=None)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(ENV_PREFIX)}
-    env.update({ENV_PREFIX + k: v for k, v in _FAST_FAILURE.items()})
-    cluster = LocalCluster(specs, env=env)
+    cluster = LocalCluster(specs, env=cluster_env())
     await cluster.start()
     try:
         one, two = (cluster.address(f"gateway-{i}", "mqtt")[1] for i in (1, 2))
@@ -368,13 +365,6 @@ async def test_a_killed_gateways_subscribers_move_without_losing_acknowledged_me
         await asyncio.to_thread(_after_the_kill, two, *before)
     finally:
         await cluster.stop()
-
-
-_FAST_FAILURE = {
-    "CLUSTER__HEARTBEAT_MS": "200",
-    "NAVIGATION__GATEWAY_EXPIRY_MS": "2000",
-    "NAMESERVER__NODE_EXPIRY_MS": "2000",
-}
 
 
 def _before_the_kill(one: int, two: int) -> tuple[Paho, Paho, list[bytes]]:
