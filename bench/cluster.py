@@ -35,7 +35,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
 from bench import kafka as kafka_bench
-from bench._server import Meter, polymq_server
+from bench._server import polymq_server
 from gateway.cluster_tool import LocalCluster, layout
 from gateway.config import ENV_PREFIX
 
@@ -69,13 +69,13 @@ class _Cpu:
         return float(sum(proc.memory_info().rss for proc in self._procs)) / (1 << 20)
 
 
-def _produce_and_latency(bootstrap: str, cpu: _Cpu | Meter, count: int) -> list[str]:
+def _produce_and_latency(bootstrap: str, cpu: _Cpu, count: int) -> list[str]:
     topic = f"bench-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})  # kept alive until the result
     admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
-    before = cpu.seconds() if isinstance(cpu, _Cpu) else cpu.cpu()
+    before = cpu.seconds()
     delivered, seconds = kafka_bench.produce(bootstrap, topic, SIZE, count)
-    used = (cpu.seconds() if isinstance(cpu, _Cpu) else cpu.cpu()) - before
+    used = cpu.seconds() - before
     kafka_bench.LATENCY_RATE = LATENCY_RATE
     kafka_bench.LATENCY_SECONDS = LATENCY_SECONDS
     p50, p99, n = kafka_bench.latency(bootstrap, f"{topic}-lat", SIZE)
@@ -129,8 +129,9 @@ async def main_async(quick: bool) -> None:
     print("## merged vs separated (1 node, 1 gateway), 100 B, acks=all")
     print(header)
     with polymq_server("kafka") as server:
+        assert server.pid is not None  # started here, not a --target
         row = await asyncio.to_thread(
-            _produce_and_latency, server.address, Meter(server.pid), count
+            _produce_and_latency, server.address, _Cpu([server.pid]), count
         )
         print(f"{'merged (polymq run)':<26} " + "  ".join(row))
     with tempfile.TemporaryDirectory(prefix="polymq-bench-cluster-") as temp:
