@@ -30,8 +30,9 @@ from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory, protocol_listeners
 from storage.api import StorageAPI
 from storage.engine import Engine
+from storage.errors import StorageUnavailable
 
-__all__ = ["LiveServer", "live_gateways", "live_server", "server_form"]
+__all__ = ["LiveServer", "SharedStorage", "live_gateways", "live_server", "server_form"]
 
 _T = TypeVar("_T")
 _START_TIMEOUT_S = 30.0
@@ -189,7 +190,7 @@ def live_gateways(
                     engines.append(engine)
                     await engine.start()
                     stack.push_async_callback(engine.close)
-                    shared = cast(StorageAPI, _Shared(engine))
+                    shared = cast(StorageAPI, SharedStorage(cast(StorageAPI, engine)))
                     gateway_config = config
                 else:
                     gateway_config = config
@@ -258,18 +259,28 @@ class _Peers:
         return [endpoint for endpoint in found if endpoint is not None]
 
 
-class _Shared:
-    """One started engine under several gateways: their start and close are no-ops,
-    the engine's own lifecycle is the harness's."""
+class SharedStorage:
+    """Forwards every StorageAPI call to ``inner`` except start and close (the owner
+    of the engine does those), and raises :class:`StorageUnavailable` from every call
+    while ``down`` is set: a storage node out of reach, as the cluster client reports
+    it."""
 
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
+    def __init__(self, inner: StorageAPI) -> None:
+        self._inner = inner
+        self.down = False
 
     async def start(self) -> None:
-        pass
+        return None
 
     async def close(self) -> None:
-        pass
+        return None
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+        method = getattr(self._inner, name)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if self.down:
+                raise StorageUnavailable(f"storage node for {name} is down (test)")
+            return await method(*args, **kwargs)
+
+        return call

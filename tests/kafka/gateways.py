@@ -24,10 +24,9 @@ from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory
 from storage.api import StorageAPI
 from storage.engine import Engine
-from storage.errors import StorageUnavailable
-from tests.live_server import LiveServer, server_config
+from tests.live_server import LiveServer, SharedStorage, server_config
 
-__all__ = ["Gateways", "SharedStorage", "StaticDirectory", "gateways"]
+__all__ = ["Gateways", "StaticDirectory", "gateways"]
 
 _T = TypeVar("_T")
 _TIMEOUT_S = 30.0
@@ -47,33 +46,6 @@ class StaticDirectory:
 
     def endpoints(self, protocol: str) -> Sequence[GatewayEndpoint]:
         return self._listed.get(protocol, [])
-
-
-class SharedStorage:
-    """Forwards every StorageAPI call to ``inner`` except start and close (the owner
-    of the engine does those), and raises :class:`StorageUnavailable` from every call
-    while ``down`` is set: a storage node out of reach, as the cluster client reports
-    it."""
-
-    def __init__(self, inner: StorageAPI) -> None:
-        self._inner = inner
-        self.down = False
-
-    async def start(self) -> None:
-        return None
-
-    async def close(self) -> None:
-        return None
-
-    def __getattr__(self, name: str) -> Any:
-        method = getattr(self._inner, name)
-
-        async def call(*args: Any, **kwargs: Any) -> Any:
-            if self.down:
-                raise StorageUnavailable(f"storage node for {name} is down (test)")
-            return await method(*args, **kwargs)
-
-        return call
 
 
 class Gateways:
