@@ -126,19 +126,11 @@ class Gateway:
             NameserverClient(config.cluster.nameservers),
             lambda node: RemoteStorage(node.host, node.port),
         )
-        if directory is not None:
-            return cls(
-                config,
-                storage=storage,
-                clock=clock,
-                listener_factories=listener_factories,
-                directory=directory,
-            )
-        registered: Callable[[Gateway], GatewayDirectory] | None = None
-        if config.cluster.navigation:
+        peers: GatewayDirectory | Callable[[Gateway], GatewayDirectory] | None = directory
+        if peers is None and config.cluster.navigation:
             from navigation.directory import NavigationDirectory
 
-            def registered(gateway: Gateway) -> GatewayDirectory:
+            def peers(gateway: Gateway) -> GatewayDirectory:
                 return NavigationDirectory(
                     config.cluster.navigation,
                     gateway_id=gateway.gateway_id,
@@ -153,7 +145,7 @@ class Gateway:
             storage=storage,
             clock=clock,
             listener_factories=listener_factories,
-            directory=registered,
+            directory=peers,
         )
 
     @property
