@@ -134,8 +134,31 @@ class AuthConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class LimitsConfig:
+    """What any one peer may take of the server, so that nothing it sends can stop,
+    hang or bloat the process for everybody else (docs/limits.md)."""
+
+    # Open connections: in all, per protocol (so idle sockets of one protocol cannot
+    # lock the others out) and per source address.
     max_connections: int = 10_000
+    max_connections_per_protocol: int = 5_000
+    max_connections_per_address: int = 1_000
+    # A connection must finish its protocol's handshake and login within this
+    # (RabbitMQ's handshake_timeout), and a frame it has begun must arrive whole
+    # within frame_timeout_ms, or it is closed: slow sockets hold nothing for long.
+    handshake_timeout_ms: int = 10_000
+    frame_timeout_ms: int = 60_000
     max_frame_bytes: int = 32 << 20
+    # Until a connection has logged in, its frames may be at most this large (Kafka's
+    # sasl.server.max.receive.size): an anonymous peer holds at most this much.
+    max_unauthenticated_frame_bytes: int = 512 << 10
+    # Memory held by frames still being read, all connections together (Kafka's
+    # queued.max.request.bytes): past it, reading waits until frames are handled.
+    max_buffered_frame_bytes: int = 256 << 20
+    # Nesting of AMQP field tables and arrays, JSON and XML bodies, SQL92 filters.
+    max_nesting_depth: int = 64
+    # Items one request may carry (messages of a batch send, partitions of a
+    # produce, entries of an MNS batch); larger ones get the protocol's error.
+    max_batch_items: int = 10_000
 
 
 # -- per-protocol settings: only what an operator of the anchor broker would tune ----
@@ -170,6 +193,10 @@ class MqttConfig:
     # Mosquitto's max_keepalive: longer (or no) keep-alives asked by v5 clients are
     # capped to this in CONNACK (Server Keep Alive); 0 lets clients choose.
     max_keep_alive_s: int = 65535
+    # EMQX's max_topic_levels: deeper topic names and filters are refused.
+    max_topic_levels: int = 128
+    # Topic filters one SUBSCRIBE or UNSUBSCRIBE may carry.
+    max_filters_per_subscribe: int = 1_000
     # Mosquitto's sys_interval: how often $SYS subscribers get fresh values.
     sys_interval_s: int = 10
 
@@ -453,8 +480,10 @@ def _validate(config: GatewayConfig) -> None:
     for key in ("flush_interval_ms", "segment_bytes", "retention_ms", "max_message_bytes"):
         positive(f"storage.{key}", getattr(s, key))
     positive("storage.retention_bytes", s.retention_bytes)
-    positive("limits.max_connections", config.limits.max_connections)
-    positive("limits.max_frame_bytes", config.limits.max_frame_bytes)
+    for f in fields(LimitsConfig):
+        positive(f"limits.{f.name}", getattr(config.limits, f.name))
+    positive("mqtt.max_topic_levels", config.mqtt.max_topic_levels)
+    positive("mqtt.max_filters_per_subscribe", config.mqtt.max_filters_per_subscribe)
     positive("cluster.heartbeat_ms", config.cluster.heartbeat_ms)
     positive("nameserver.node_expiry_ms", config.nameserver.node_expiry_ms)
     positive("navigation.gateway_expiry_ms", config.navigation.gateway_expiry_ms)

@@ -1,13 +1,15 @@
 """The registry of open client connections, across all protocols.
 
-One place to enforce the connection limit, to list who is connected (admin API,
-dashboard), to count connections per tenant for metering, and to close everything
+One place to enforce the connection limits (in all, per protocol, per source address),
+to list who is connected (admin API, dashboard), to count connections per tenant for
+metering, to know which connections finished their handshake, and to close everything
 on shutdown.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
 import itertools
@@ -25,6 +27,7 @@ __all__ = [
     "ConnectionRegistry",
     "TooManyConnections",
     "current_connection_id",
+    "peer_host",
     "serving_connection",
 ]
 
@@ -48,6 +51,15 @@ class TooManyConnections(Exception):
     code = "too_many_connections"
 
 
+def peer_host(peer: str) -> str:
+    """The address part of a ``host:port`` or ``[v6]:port`` peer, which per-address
+    limits count by."""
+    host, sep, port = peer.rpartition(":")
+    if not sep or not port.isdigit():
+        return peer
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Connection:
     """A connection as listed. ``principal`` and ``namespace`` are ``None`` until the
@@ -63,13 +75,30 @@ class Connection:
 
 
 class ConnectionRegistry:
-    def __init__(self, *, max_connections: int, metering: Metering, clock: Clock) -> None:
+    """Open connections. ``max_per_protocol`` and ``max_per_address`` default to
+    ``max_connections`` (no tighter limit): idle sockets of one protocol, or of one
+    address, then cannot take every slot from the others."""
+
+    def __init__(
+        self,
+        *,
+        max_connections: int,
+        metering: Metering,
+        clock: Clock,
+        max_per_protocol: int | None = None,
+        max_per_address: int | None = None,
+    ) -> None:
         self._max = max_connections
+        self._max_per_protocol = max_per_protocol or max_connections
+        self._max_per_address = max_per_address or max_connections
         self._metering = metering
         self._clock = clock
         self._ids = itertools.count(1)
         self._open: dict[int, Connection] = {}
         self._close: dict[int, CloseCallback] = {}
+        self._per_protocol: collections.Counter[str] = collections.Counter()
+        self._per_address: collections.Counter[str] = collections.Counter()
+        self._established: set[int] = set()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -88,6 +117,15 @@ class ConnectionRegistry:
         caller then closes the socket: refusing early costs less than serving)."""
         if len(self._open) >= self._max:
             raise TooManyConnections(f"connection limit of {self._max} reached")
+        if self._per_protocol[protocol] >= self._max_per_protocol:
+            raise TooManyConnections(
+                f"{protocol} connection limit of {self._max_per_protocol} reached"
+            )
+        address = peer_host(peer)
+        if self._per_address[address] >= self._max_per_address:
+            raise TooManyConnections(
+                f"connection limit of {self._max_per_address} per address reached for {address}"
+            )
         conn = Connection(
             id=next(self._ids),
             protocol=protocol,
@@ -99,9 +137,20 @@ class ConnectionRegistry:
         )
         self._open[conn.id] = conn
         self._close[conn.id] = close
+        self._per_protocol[protocol] += 1
+        self._per_address[address] += 1
         if namespace is not None:
             self._metering.connection_opened(namespace, protocol)
         return conn
+
+    def established(self, connection_id: int) -> None:
+        """The connection finished its protocol's handshake and login: the handshake
+        deadline no longer applies (:meth:`identify` implies it)."""
+        if connection_id in self._open:
+            self._established.add(connection_id)
+
+    def is_established(self, connection_id: int) -> bool:
+        return connection_id in self._established
 
     def identify(
         self,
@@ -117,6 +166,7 @@ class ConnectionRegistry:
             old, principal=principal, namespace=namespace, client_id=client_id or old.client_id
         )
         self._open[connection_id] = new
+        self._established.add(connection_id)
         if old.namespace != namespace:
             if old.namespace is not None:
                 self._metering.connection_closed(old.namespace, old.protocol)
@@ -127,7 +177,12 @@ class ConnectionRegistry:
         """Forget a connection; a second call is harmless (close paths race)."""
         conn = self._open.pop(connection_id, None)
         self._close.pop(connection_id, None)
-        if conn is not None and conn.namespace is not None:
+        self._established.discard(connection_id)
+        if conn is None:
+            return
+        _decrement(self._per_protocol, conn.protocol)
+        _decrement(self._per_address, peer_host(conn.peer))
+        if conn.namespace is not None:
             self._metering.connection_closed(conn.namespace, conn.protocol)
 
     def get(self, connection_id: int) -> Connection | None:
@@ -164,6 +219,12 @@ class ConnectionRegistry:
         for conn_id, result in zip(ids, results, strict=True):
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("closing connection %d failed", conn_id, exc_info=result)
+
+
+def _decrement(counter: collections.Counter[str], key: str) -> None:
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]  # addresses come and go: keep only those with connections
 
 
 @contextlib.contextmanager

@@ -22,6 +22,7 @@ from gateway.directory import (
     RegisteredDirectory,
     SingleGateway,
 )
+from gateway.fairness import FrameBudget
 from gateway.listeners import (
     Listener,
     ListenerContext,
@@ -64,11 +65,16 @@ class Gateway:
         self.storage = storage
         self.accounts = Accounts(config.auth)
         self.metering = Metering()
+        limits = config.limits
         self.connections = ConnectionRegistry(
-            max_connections=config.limits.max_connections,
+            max_connections=limits.max_connections,
+            max_per_protocol=limits.max_connections_per_protocol,
+            max_per_address=limits.max_connections_per_address,
             metering=self.metering,
             clock=self.clock,
         )
+        # Frames being read, all listeners together (gateway.fairness).
+        self.frame_budget = FrameBudget(limits.max_buffered_frame_bytes)
         self.processor = Processor(storage, self.accounts, self.metering, self.clock)
         # A factory when the directory needs the gateway itself (its endpoints, load).
         if isinstance(directory, GatewayDirectory):
@@ -191,6 +197,7 @@ class Gateway:
                 connections=self.connections,
                 clock=self.clock,
                 directory=self.directory,
+                frame_budget=self.frame_budget,
             )
             built.append(factory(context))
         return built

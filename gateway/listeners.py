@@ -16,6 +16,7 @@ from gateway.accounts import Accounts
 from gateway.config import GatewayConfig
 from gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
 from gateway.directory import GatewayDirectory
+from gateway.fairness import FrameBudget
 from gateway.metering import Metering
 from storage.clock import Clock
 
@@ -72,6 +73,8 @@ class ListenerContext:
     # The live gateways per protocol (Kafka Metadata, RocketMQ routes): only this one
     # in the merged form.
     directory: GatewayDirectory
+    # Memory for frames being read, shared by every listener (limits.max_buffered_frame_bytes).
+    frame_budget: FrameBudget
 
 
 ListenerFactory = Callable[[ListenerContext], Listener]
@@ -160,7 +163,9 @@ class TcpListener:
     ~40 ms behind Nagle), registers each connection with ``connections`` when given
     (refusing it at the limit), and on stop cancels the handlers still running, so a
     stopped listener leaves no connection behind. A handler's exception closes only
-    its own connection.
+    its own connection. With ``handshake_timeout_s``, a registered connection that the
+    protocol has not marked established (``ConnectionRegistry.established`` or
+    ``identify``) by then is closed: a socket that never logs in holds no slot for long.
     """
 
     def __init__(
@@ -173,8 +178,10 @@ class TcpListener:
         connections: ConnectionRegistry | None = None,
         protocol: str | None = None,
         close_grace_s: float = 2.0,
+        handshake_timeout_s: float | None = None,
     ) -> None:
         self._name = name
+        self._handshake_timeout_s = handshake_timeout_s
         self._close_grace_s = close_grace_s
         self._host = host
         self._port = port
@@ -249,8 +256,13 @@ class TcpListener:
                 except TooManyConnections as e:
                     log.warning("%s: refused %s: %s", self._name, peer, e)
                     return
-                with serving_connection(conn_id):
-                    await self._handler(reader, writer)
+                deadline = self._handshake_deadline(conn_id, peer, task)
+                try:
+                    with serving_connection(conn_id):
+                        await self._handler(reader, writer)
+                finally:
+                    if deadline is not None:
+                        deadline.cancel()
             else:
                 await self._handler(reader, writer)
         except asyncio.CancelledError:
@@ -266,6 +278,20 @@ class TcpListener:
                 await _close(writer, self._close_grace_s)
             finally:
                 self._tasks.discard(task)  # only now: stop() waits for the close too
+
+    def _handshake_deadline(
+        self, conn_id: int, peer: str, task: asyncio.Task[None]
+    ) -> asyncio.TimerHandle | None:
+        connections, timeout = self._connections, self._handshake_timeout_s
+        if connections is None or timeout is None:
+            return None
+
+        def expire() -> None:
+            if not connections.is_established(conn_id) and not task.done():
+                log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout)
+                task.cancel()
+
+        return asyncio.get_running_loop().call_later(timeout, expire)
 
 
 async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:
