@@ -4,6 +4,7 @@ evaluated here (see :mod:`protocols.rocketmq.sql92`)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import Code, definition_pb2
@@ -43,10 +44,17 @@ def parse_tags(expression: str) -> frozenset[str] | None:
     return tags
 
 
-def parse_filter(filter_type: int, expression: str) -> Filter:
+@functools.lru_cache(maxsize=256)
+def parse_filter(
+    filter_type: int, expression: str, *, max_depth: int = sql92.DEFAULT_MAX_DEPTH
+) -> Filter:
+    """A subscription's filter; ILLEGAL_FILTER_EXPRESSION for one that does not parse
+    or exceeds the bounds of :func:`sql92.parse` (``max_depth``: the gateway's
+    ``limits.max_nesting_depth``). Cached: consumers send their filter with every
+    receive, and a long one costs milliseconds of the event loop to parse."""
     if filter_type == definition_pb2.SQL:
         try:
-            return Filter(sql=sql92.parse(expression))
+            return Filter(sql=sql92.parse(expression, max_depth=max_depth))
         except sql92.SqlError as e:
             raise RpcFailure(Code.ILLEGAL_FILTER_EXPRESSION, str(e)) from e
     tags = parse_tags(expression)

@@ -22,6 +22,7 @@ from gateway.connections import ConnectionRegistry
 from gateway.directory import GatewayDirectory
 from gateway.processor import Caller, Processor
 from protocols.rocketmq import auth
+from protocols.rocketmq.filters import Filter, parse_filter
 from protocols.rocketmq.options import RocketMQOptions
 from protocols.rocketmq.renewal import ReceiptRenewer
 from protocols.rocketmq.sessions import Sessions
@@ -84,6 +85,11 @@ class Runtime:
     @property
     def max_body_bytes(self) -> int:
         return min(self.options.max_body_bytes, self.config.storage.max_message_bytes)
+
+    def filter(self, filter_type: int, expression: str) -> Filter:
+        """A subscription's filter, nested at most ``limits.max_nesting_depth`` deep
+        (else ILLEGAL_FILTER_EXPRESSION)."""
+        return parse_filter(filter_type, expression, max_depth=self.config.limits.max_nesting_depth)
 
     def client_gone(self, client_id: str) -> None:
         """Forget what was kept for a client whose session ended: its messages come

@@ -13,6 +13,13 @@ Grammar (RocketMQ ``filter`` module, ``SelectorParser.jj``)::
 
 Identifiers name user properties; ``TAGS`` names the tag. A comparison with a missing
 property is false (so ``NOT`` of it is true only through ``IS NULL``), as in RocketMQ.
+
+A filter comes from any peer and is evaluated for every message the subscription sees,
+so it is bounded where it is parsed: at most ``max_length`` characters and
+``max_depth`` nested parentheses and NOTs. Chains of AND and OR become one node with
+many operands rather than a deep left-leaning tree, so the tree (and the evaluator's
+recursion over it) is never deeper than about twice that nesting, however long the
+expression.
 """
 
 from __future__ import annotations
@@ -22,7 +29,13 @@ from dataclasses import dataclass
 
 from storage.model import Message
 
-__all__ = ["Expression", "SqlError", "evaluate", "parse"]
+__all__ = ["DEFAULT_MAX_DEPTH", "MAX_LENGTH", "Expression", "SqlError", "evaluate", "parse"]
+
+# Nesting as limits.max_nesting_depth ships; a real filter nests a handful of levels.
+DEFAULT_MAX_DEPTH = 64
+# Characters of one expression: real filters are a line or two of SQL, and parsing is
+# done on the event loop (16 KiB of operators parse in about 15 ms, 64 KiB in 60).
+MAX_LENGTH = 16 << 10
 
 
 class SqlError(ValueError):
@@ -77,9 +90,18 @@ def _tokenize(text: str) -> list[tuple[str, object]]:
 
 
 class _Parser:
-    def __init__(self, tokens: list[tuple[str, object]]) -> None:
+    def __init__(self, tokens: list[tuple[str, object]], max_depth: int) -> None:
         self._tokens = tokens
         self._pos = 0
+        self._max_depth = max_depth
+        self._depth = 0
+
+    def _deeper(self) -> None:
+        """Called on entering a parenthesis or a NOT: refuses nesting past the limit
+        before recursing, so no input reaches Python's recursion limit."""
+        self._depth += 1
+        if self._depth > self._max_depth:
+            raise SqlError(f"expression nests deeper than {self._max_depth} levels")
 
     def _peek(self) -> tuple[str, object] | None:
         return self._tokens[self._pos] if self._pos < len(self._tokens) else None
@@ -105,20 +127,23 @@ class _Parser:
         return expr
 
     def _or(self) -> Expression:
-        expr = self._and()
+        operands = [self._and()]
         while self._accept("kw", "OR"):
-            expr = Expression("OR", (expr, self._and()))
-        return expr
+            operands.append(self._and())
+        return operands[0] if len(operands) == 1 else Expression("OR", tuple(operands))
 
     def _and(self) -> Expression:
-        expr = self._not()
+        operands = [self._not()]
         while self._accept("kw", "AND"):
-            expr = Expression("AND", (expr, self._not()))
-        return expr
+            operands.append(self._not())
+        return operands[0] if len(operands) == 1 else Expression("AND", tuple(operands))
 
     def _not(self) -> Expression:
         if self._accept("kw", "NOT"):
-            return Expression("NOT", (self._not(),))
+            self._deeper()
+            expr = Expression("NOT", (self._not(),))
+            self._depth -= 1
+            return expr
         return self._comparison()
 
     def _literal(self) -> Literal:
@@ -136,8 +161,10 @@ class _Parser:
 
     def _comparison(self) -> Expression:
         if self._accept("op", "("):
+            self._deeper()
             expr = self._or()
             self._take_op(")")
+            self._depth -= 1
             return expr
         if self._accept("kw", "TRUE"):
             return Expression("CONST", (True,))
@@ -184,10 +211,16 @@ class _Parser:
             raise SqlError(f"expected {kw} at token {self._pos}")
 
 
-def parse(text: str) -> Expression:
+def parse(
+    text: str, *, max_depth: int = DEFAULT_MAX_DEPTH, max_length: int = MAX_LENGTH
+) -> Expression:
+    """The expression's tree, or :class:`SqlError` (also for one longer than
+    ``max_length`` characters or nesting deeper than ``max_depth``)."""
+    if len(text) > max_length:
+        raise SqlError(f"expression of {len(text)} characters exceeds the limit of {max_length}")
     if not text.strip():
         raise SqlError("empty SQL92 expression")
-    return _Parser(_tokenize(text)).parse()
+    return _Parser(_tokenize(text), max_depth).parse()
 
 
 def _value(message: Message, name: str) -> str | None:

@@ -15,7 +15,6 @@ from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from gateway.processor import Caller
 from protocols.rocketmq import mapping
 from protocols.rocketmq.activities.receive import duration_ms
-from protocols.rocketmq.filters import parse_filter
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.status import RpcFailure, ok, status
 from storage.model import QueueRef, TopicInfo
@@ -34,7 +33,7 @@ async def pull_message(rt: Runtime, request: Any, context: Any) -> AsyncIterator
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
     info, queue = await _queue(rt, caller, request.message_queue)
-    selector = parse_filter(request.filter_expression.type, request.filter_expression.expression)
+    selector = rt.filter(request.filter_expression.type, request.filter_expression.expression)
     wait = min(duration_ms(request.long_polling_timeout), rt.options.max_long_polling_ms)
     remaining = context.time_remaining()
     if remaining is not None:

@@ -21,7 +21,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 
 from gateway.processor import Caller
 from protocols.rocketmq import mapping
-from protocols.rocketmq.filters import MATCH_ALL, Filter, parse_filter
+from protocols.rocketmq.filters import MATCH_ALL, Filter
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.status import RpcFailure, ok, status
 from storage.model import StoredMessage, TopicInfo
@@ -66,7 +66,7 @@ def _long_polling_ms(rt: Runtime, request: Any, context: Any) -> int:
 def _filter(rt: Runtime, request: Any, caller: Caller, topic: str) -> Filter:
     expression = request.filter_expression
     if expression.type or expression.expression:
-        return parse_filter(expression.type, expression.expression)
+        return rt.filter(expression.type, expression.expression)
     session = rt.sessions.get(caller.client_id) if caller.client_id else None
     return session.subscription(topic) if session is not None else MATCH_ALL
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
+from gateway.fairness import SLICE, cooperatively, pause
 from protocols.rocketmq import mapping
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.status import RpcFailure, ok
@@ -33,23 +34,42 @@ def _queue_for(rt: Runtime, info: TopicInfo, message: Message) -> QueueRef:
 
 
 async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
-    if not request.messages:
+    """A batch is checked whole before anything is stored (a bad message fails the
+    send, not half of it), then appended slice by slice, handing the event loop back
+    between slices: a batch of ``limits.max_batch_items`` delays every other
+    connection by one slice, not by the whole batch. A failure after the first slice
+    leaves the earlier slices stored; the client's retry of the whole batch stores them
+    once, by their message ids."""
+    count = len(request.messages)
+    if not count:
         raise RpcFailure(Code.BAD_REQUEST, "no message to send")
-    first = request.messages[0].topic
-    if any(m.topic.name != first.name for m in request.messages):
-        raise RpcFailure(Code.BAD_REQUEST, "a batch must go to one topic")
-    caller = rt.caller(context, first.resource_namespace)
-    types = {mapping.message_type_of(m) for m in request.messages}
-    if len(types) != 1:
-        raise RpcFailure(Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a batch mixes message types")
-    [message_type] = types
-    now = rt.processor.clock.now_ms()
-    messages = [  # checked before the topic is created for them
-        mapping.from_proto(
-            pb, max_body_bytes=rt.max_body_bytes, now_ms=now, max_delay_ms=rt.options.max_delay_ms
+    limit = rt.config.limits.max_batch_items
+    if count > limit:
+        raise RpcFailure(
+            Code.PAYLOAD_TOO_LARGE, f"a send carries at most {limit} messages, got {count}"
         )
-        for pb in request.messages
-    ]
+    first = request.messages[0].topic
+    caller = rt.caller(context, first.resource_namespace)
+    message_type = mapping.message_type_of(request.messages[0])
+    if message_type is MessageType.TRANSACTION and count != 1:
+        raise RpcFailure(Code.BAD_REQUEST, "a transaction holds one message")
+    now = rt.processor.clock.now_ms()
+    messages: list[Message] = []
+    async for pb in cooperatively(request.messages):  # checked before the topic is created
+        if pb.topic.name != first.name:
+            raise RpcFailure(Code.BAD_REQUEST, "a batch must go to one topic")
+        if mapping.message_type_of(pb) is not message_type:
+            raise RpcFailure(
+                Code.MESSAGE_PROPERTY_CONFLICT_WITH_TYPE, "a batch mixes message types"
+            )
+        messages.append(
+            mapping.from_proto(
+                pb,
+                max_body_bytes=rt.max_body_bytes,
+                now_ms=now,
+                max_delay_ms=rt.options.max_delay_ms,
+            )
+        )
     info = await rt.topic(caller, first.name, create_as=message_type)
     if info.config.message_type != message_type:
         raise RpcFailure(
@@ -57,8 +77,6 @@ async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
             f"topic {first.name!r} accepts {info.config.message_type.value} messages, "
             f"not {message_type.value}",
         )
-    if message_type is MessageType.TRANSACTION and len(request.messages) != 1:
-        raise RpcFailure(Code.BAD_REQUEST, "a transaction holds one message")
     requests = [
         AppendRequest(
             entry=message,
@@ -69,17 +87,17 @@ async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
         )
         for pb, message in zip(request.messages, messages, strict=True)
     ]
-    entries = []
     if message_type is MessageType.TRANSACTION:
         half = await rt.processor.append_half(caller, requests[0], producer_group=first.name)
-        entries.append(
-            service_pb2.SendResultEntry(
-                status=ok(), message_id=half.message_id, transaction_id=half.transaction_id
-            )
+        entry = service_pb2.SendResultEntry(
+            status=ok(), message_id=half.message_id, transaction_id=half.transaction_id
         )
-    else:
-        results = await rt.processor.append(caller, requests)
-        for message, result in zip(messages, results, strict=True):
+        return service_pb2.SendMessageResponse(status=ok(), entries=[entry])
+    entries = []
+    for start in range(0, count, SLICE):
+        chunk = requests[start : start + SLICE]
+        results = await rt.processor.append(caller, chunk)
+        for message, result in zip(messages[start : start + SLICE], results, strict=True):
             entries.append(
                 service_pb2.SendResultEntry(
                     status=ok(),
@@ -88,6 +106,7 @@ async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
                     recall_handle=result.message_id if message.delivery_time_ms else "",
                 )
             )
+        await pause()
     return service_pb2.SendMessageResponse(status=ok(), entries=entries)
 
 

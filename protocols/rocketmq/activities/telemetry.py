@@ -19,7 +19,6 @@ from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
 from gateway.connections import TooManyConnections
 from gateway.processor import Caller
-from protocols.rocketmq.filters import parse_filter
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.sessions import ClientSession
 from protocols.rocketmq.status import Malformed, RpcFailure, ok, status_for
@@ -96,7 +95,7 @@ async def _on_settings(rt: Runtime, session: ClientSession, client: Any) -> Any:
         if session.group is not None:
             await rt.check_group(session.caller, session.group)
         session.subscriptions = {
-            entry.topic.name: parse_filter(entry.expression.type, entry.expression.expression)
+            entry.topic.name: rt.filter(entry.expression.type, entry.expression.expression)
             for entry in client.subscription.subscriptions
         }
     settings = await server_settings(rt, session.caller, client)
