@@ -180,7 +180,7 @@ class Channel:
         elif isinstance(value, bytes):
             publish = self._publish
             assert publish is not None and publish.header is not None
-            publish.chunks.append(value)
+            publish.chunks += value
             publish.received += len(value)
             if publish.received > publish.header.body_size:
                 raise ConnectionError_(errors.FRAME_ERROR, "body longer than its content header")

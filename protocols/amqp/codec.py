@@ -1,10 +1,13 @@
 """AMQP 0-9-1 frames: bytes in, frames out, and back (spec section 2.3.5, 4.2.3).
 
-A thin, pure wrapper over pamqp: no sockets, no asyncio. The reader checks each
-frame's size against the negotiated ``frame_max`` *before* waiting for its payload
-(so a peer announcing a 4 GiB frame is refused at once), keeps the raw properties of
-content headers (stored and served back byte for byte, so every field-table type
-round-trips), and hands out frames in order as h11's ``next_event`` does.
+Pure: no sockets, no asyncio. The reader checks each frame's size against the
+negotiated ``frame_max`` *before* waiting for its payload (so a peer announcing a
+4 GiB frame is refused at once), decodes method arguments and content properties with
+:mod:`protocols.amqp.fields` (bounded nesting, lengths checked against the bytes
+present, linear time: pamqp's own decoder is none of these) into pamqp's classes,
+keeps the raw properties of content headers (stored and served back byte for byte, so
+every field-table type round-trips), and hands out frames in order as h11's
+``next_event`` does. pamqp still encodes what the server sends.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from typing import Final
 
 from pamqp import commands, frame, header
 from pamqp.base import Frame as MethodFrame
-from pamqp.exceptions import UnmarshalingException
 from pamqp.heartbeat import Heartbeat
+
+from protocols.amqp.fields import FieldError, decode_arguments, decode_properties
 
 __all__ = [
     "FRAME_BODY",
@@ -45,11 +49,27 @@ HEARTBEAT_BYTES: Final = frame.marshal(Heartbeat(), 0)
 
 _FRAME_HEAD = struct.Struct(">BHI")
 _CONTENT_HEAD = struct.Struct(">HHQ")
+_INDEX = struct.Struct(">I")
 _BASIC_CLASS = 60
 
 
+_FRAME_ERROR: Final = 501
+_SYNTAX_ERROR: Final = 502
+_DEFAULT_DEPTH: Final = 64
+
+
 class FrameError(Exception):
-    """The peer broke framing (reply code 501 FRAME_ERROR, a connection error)."""
+    """The peer broke framing (``reply_code`` 501 FRAME_ERROR) or sent a method or
+    content header whose fields do not parse (502 SYNTAX_ERROR, naming the method
+    in ``class_id`` / ``method_id``): a connection error either way."""
+
+    def __init__(
+        self, text: str, *, reply_code: int = _FRAME_ERROR, class_id: int = 0, method_id: int = 0
+    ) -> None:
+        super().__init__(text)
+        self.reply_code = reply_code
+        self.class_id = class_id
+        self.method_id = method_id
 
 
 class ProtocolHeaderError(Exception):
@@ -84,18 +104,43 @@ class FrameReader:
     """Accumulates bytes from the peer and yields whole frames.
 
     ``frame_max`` bounds a whole frame (header and end octet included), as the spec's
-    connection.tune defines it; ``0`` means no limit beyond ``hard_max``."""
+    connection.tune defines it; ``0`` means no limit beyond ``hard_max``. Field tables
+    and arrays may nest ``max_depth`` levels."""
 
-    def __init__(self, *, frame_max: int, hard_max: int, expect_header: bool = True) -> None:
+    def __init__(
+        self,
+        *,
+        frame_max: int,
+        hard_max: int,
+        expect_header: bool = True,
+        max_depth: int = _DEFAULT_DEPTH,
+    ) -> None:
         self._buffer = bytearray()
         self._pos = 0
         self.frame_max = frame_max
         self._hard_max = hard_max
+        self._max_depth = max_depth
+        self.frames_read = 0  # whole frames handed out so far
         # A server reads the protocol header first; a client (in tests) does not.
         self._expect_header = expect_header
 
     def receive_data(self, data: bytes) -> None:
         self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received and not yet handed out as frames."""
+        return len(self._buffer) - self._pos
+
+    def incomplete_frame(self) -> int | None:
+        """The declared size of the frame whose head is here but whose rest is not
+        (what reading it will cost), else ``None``."""
+        available = len(self._buffer) - self._pos
+        if self._expect_header or available < 7:
+            return None
+        size: int = _FRAME_HEAD.unpack_from(self._buffer, self._pos)[2]
+        total = size + 8
+        return total if available < total else None
 
     def next_frame(self) -> InFrame | None:
         """The next complete frame, or ``None`` until more bytes arrive.
@@ -128,7 +173,8 @@ class FrameReader:
         start = pos + 7
         payload = bytes(buffer[start : start + size])
         self._consume(total)
-        return InFrame(channel, _decode(frame_type, payload))
+        self.frames_read += 1
+        return InFrame(channel, _decode(frame_type, payload, self._max_depth))
 
     def _consume(self, count: int) -> None:
         self._pos += count
@@ -140,7 +186,7 @@ class FrameReader:
             self._pos = 0
 
 
-def _decode(frame_type: int, payload: bytes) -> InValue:
+def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
     if frame_type == FRAME_BODY:
         return payload
     if frame_type == FRAME_HEARTBEAT:
@@ -148,23 +194,30 @@ def _decode(frame_type: int, payload: bytes) -> InValue:
     if frame_type == FRAME_METHOD:
         if len(payload) < 4:
             raise FrameError("method frame too short")
-        data = _FRAME_HEAD.pack(FRAME_METHOD, 0, len(payload)) + payload + b"\xce"
+        index: int = _INDEX.unpack_from(payload)[0]
+        cls: type[MethodFrame] | None = commands.INDEX_MAPPING.get(index)
+        if cls is None:
+            raise FrameError(f"unknown method {index >> 16}.{index & 0xFFFF}")
         try:
-            _, _, value = frame.unmarshal(data)
-        except (UnmarshalingException, ValueError, struct.error, IndexError) as e:
-            raise FrameError(f"malformed method frame: {e}") from e
-        assert isinstance(value, MethodFrame)
-        return value
+            return decode_arguments(cls, payload, 4, max_depth)
+        except FieldError as e:
+            raise FrameError(
+                f"cannot decode {cls.name}: {e}",
+                reply_code=_SYNTAX_ERROR,
+                class_id=index >> 16,
+                method_id=index & 0xFFFF,
+            ) from e
     if frame_type == FRAME_HEADER:
         if len(payload) < 14:
             raise FrameError("content header frame too short")
         class_id, _, body_size = _CONTENT_HEAD.unpack_from(payload)
-        content = header.ContentHeader()
         try:
-            content.unmarshal(payload)
-        except (UnmarshalingException, ValueError, struct.error, IndexError) as e:
-            raise FrameError(f"malformed content header: {e}") from e
-        return ContentHeaderFrame(class_id, body_size, content.properties, payload[12:])
+            properties = decode_properties(payload, 12, max_depth)
+        except FieldError as e:
+            raise FrameError(
+                f"cannot decode content header: {e}", reply_code=_SYNTAX_ERROR, class_id=class_id
+            ) from e
+        return ContentHeaderFrame(class_id, body_size, properties, payload[12:])
     raise FrameError(f"unknown frame type {frame_type}")
 
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import struct
 from collections.abc import Coroutine
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
-from pamqp import commands, decode
+from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 from pamqp.heartbeat import Heartbeat
 
 from gateway.accounts import AuthError
 from gateway.connections import current_connection_id
+from gateway.fairness import SLICE, pause
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller
 from protocols.amqp import errors
@@ -35,6 +36,7 @@ from protocols.amqp.codec import (
     method_frame,
 )
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from protocols.amqp.fields import FieldError, decode_table
 from protocols.amqp.flow import FlowControl
 from protocols.amqp.vhost import VirtualHost, VirtualHosts
 from storage.errors import StorageError
@@ -43,7 +45,6 @@ __all__ = ["AmqpConnection"]
 
 log = logging.getLogger(__name__)
 
-_HANDSHAKE_TIMEOUT_S: Final = 10.0
 _CLOSE_OK_TIMEOUT_S: Final = 1.0
 _MIN_FRAME_MAX: Final = 4096  # spec: frame-min-size
 _BLOCKED_AFTER_S: Final = 1.0
@@ -65,6 +66,10 @@ class _Closed(Exception):
     """The connection is finished; unwind the reader."""
 
 
+class _FrameTimeout(Exception):
+    """A frame begun was not received whole within ``limits.frame_timeout_ms``."""
+
+
 class AmqpConnection:
     def __init__(
         self,
@@ -80,15 +85,29 @@ class AmqpConnection:
         self._reader = reader
         self._writer = writer
         self.processor = context.processor
-        config = context.config.amqp
-        self._hard_max = context.config.limits.max_frame_bytes
+        config, limits = context.config.amqp, context.config.limits
+        self._hard_max = limits.max_frame_bytes
         self.frame_max = (
             min(config.frame_max, self._hard_max) if config.frame_max else self._hard_max
         )
-        self.max_message_bytes = context.config.limits.max_frame_bytes
+        self.max_message_bytes = limits.max_frame_bytes
         self._channel_max = config.channel_max
         self._heartbeat_s = config.heartbeat_s
-        self._frames = FrameReader(frame_max=self.frame_max, hard_max=self._hard_max)
+        self._handshake_s = limits.handshake_timeout_ms / 1000
+        self._frame_timeout_s = limits.frame_timeout_ms / 1000
+        # Until connection.tune-ok, frames are held to the small pre-login limit: an
+        # anonymous peer can make the server buffer at most that much.
+        self._frames = FrameReader(
+            frame_max=min(self.frame_max, limits.max_unauthenticated_frame_bytes),
+            hard_max=self._hard_max,
+            max_depth=limits.max_nesting_depth,
+        )
+        self._budget = context.frame_budget
+        self._reservation: AbstractAsyncContextManager[None] | None = None
+        self._reserved_for = -1  # frames_read when the reservation was taken
+        # (frames_read, loop time) when the partly received frame began to arrive.
+        self._frame_begun: tuple[int, float] | None = None
+        self._handshake_deadline = 0.0  # loop time; set when the connection starts
         self._state = ConnectionState.AWAIT_START_OK
         self.channels: dict[int, Channel] = {}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -189,10 +208,16 @@ class AmqpConnection:
             await self._cleanup()
 
     async def _serve(self) -> None:
+        self._handshake_deadline = asyncio.get_running_loop().time() + self._handshake_s
         try:
-            async with asyncio.timeout(_HANDSHAKE_TIMEOUT_S):
+            async with asyncio.timeout_at(self._handshake_deadline):
                 await self._read_protocol_header()
-        except (TimeoutError, _Closed):
+        except TimeoutError:
+            log.info(
+                "amqp: no protocol header within %.1f s, closing %s", self._handshake_s, self.key
+            )
+            return
+        except _Closed:
             return
         except ProtocolHeaderError:
             self.send_bytes(PROTOCOL_HEADER)  # section 4.2.2: say what we speak, close
@@ -231,8 +256,20 @@ class AmqpConnection:
                 return
 
     async def _frame_loop(self) -> None:
+        handled = 0
         while True:
-            data = await self._read()
+            await self._hold_budget()
+            try:
+                data = await self._read()
+            except _FrameTimeout:
+                self.fail(
+                    ConnectionError_(
+                        errors.FRAME_ERROR,
+                        f"frame not received whole within {self._frame_timeout_s:g} s",
+                    )
+                )
+                await self._await_close_ok()
+                return
             if not data:  # the peer hung up: still handle what it sent before
                 await self._close_channels(flush=True)
                 return
@@ -243,8 +280,11 @@ class AmqpConnection:
                     if frame is None:
                         break
                     await self._dispatch(frame.channel, frame.value)
+                    handled += 1
+                    if handled % SLICE == 0:  # a read of tiny frames: let others run
+                        await pause()
                 except FrameError as e:
-                    self.fail(ConnectionError_(errors.FRAME_ERROR, str(e)))
+                    self.fail(ConnectionError_(e.reply_code, str(e), e.class_id, e.method_id))
                     await self._await_close_ok()
                     return
                 except ProtocolHeaderError as e:
@@ -263,14 +303,49 @@ class AmqpConnection:
                     return
             await self.drain()
 
-    async def _read(self) -> bytes:
+    async def _hold_budget(self) -> None:
+        """Before reading the rest of a frame, reserve its declared size from the
+        gateway's frame budget (waiting, and so not reading, while it is spent), and
+        give back the previous frame's once it has been handled."""
+        frames = self._frames
+        if self._reservation is not None and frames.frames_read != self._reserved_for:
+            await self._release_budget()
+        size = frames.incomplete_frame()
+        if size is not None and self._reservation is None:
+            reservation = self._budget.reserve(size)
+            await reservation.__aenter__()
+            self._reservation, self._reserved_for = reservation, frames.frames_read
+
+    async def _release_budget(self) -> None:
+        reservation, self._reservation = self._reservation, None
+        if reservation is not None:
+            await reservation.__aexit__(None, None, None)
+
+    def _read_timeout(self) -> tuple[float | None, bool]:
+        """How long the next read may wait, and whether the limit is the frame
+        timeout (a frame begun must arrive whole) rather than the heartbeat or
+        handshake one."""
+        now = asyncio.get_running_loop().time()
         timeout: float | None = self._heartbeat_s * 2 if self._heartbeat_s else None
         if self._state in (
             ConnectionState.AWAIT_START_OK,
             ConnectionState.AWAIT_TUNE_OK,
             ConnectionState.AWAIT_OPEN,
         ):
-            timeout = _HANDSHAKE_TIMEOUT_S
+            timeout = max(0.0, self._handshake_deadline - now)
+        frames = self._frames
+        if not frames.buffered:
+            self._frame_begun = None
+        else:
+            if self._frame_begun is None or self._frame_begun[0] != frames.frames_read:
+                self._frame_begun = (frames.frames_read, now)
+            left = max(0.0, self._frame_begun[1] + self._frame_timeout_s - now)
+            if timeout is None or left < timeout:
+                return left, True
+        return timeout, False
+
+    async def _read(self) -> bytes:
+        timeout, for_frame = self._read_timeout()
         reading = self._reader.read(1 << 16)
         closing = asyncio.ensure_future(self._closing.wait())
         read_task = asyncio.ensure_future(reading)
@@ -290,7 +365,12 @@ class AmqpConnection:
         if closing in done:
             await self._await_close_ok()
             raise _Closed
-        log.info("amqp: missed heartbeats, closing connection %s", self.key)
+        if for_frame:
+            raise _FrameTimeout
+        if self._state is ConnectionState.OPEN:
+            log.info("amqp: missed heartbeats, closing connection %s", self.key)
+        else:
+            log.info("amqp: no handshake within %.1f s, closing %s", self._handshake_s, self.key)
         raise _Closed
 
     async def _await_close_ok(self) -> None:
@@ -513,6 +593,7 @@ class AmqpConnection:
     async def _cleanup(self) -> None:
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
+        await self._release_budget()
         try:
             await self._close_channels()
             if self._vhost is not None and self._caller is not None:
@@ -533,8 +614,10 @@ def _credentials(mechanism: str, response: bytes) -> tuple[str | None, str | Non
         return parts[1].decode(errors="replace"), parts[2].decode(errors="replace")
     if mechanism == "AMQPLAIN":
         try:
-            _, table = decode.field_table(struct.pack(">I", len(response)) + response)
-        except (ValueError, struct.error, IndexError):
+            table, _ = decode_table(
+                len(response).to_bytes(4, "big") + response, 0, 4 + len(response), 2
+            )
+        except FieldError:
             return None, None
         return _text(table.get("LOGIN")), _text(table.get("PASSWORD"))
     return None, None

@@ -35,6 +35,9 @@ class AmqpListener(TcpListener):
             handler=handle,
             connections=context.connections,
             protocol="amqp",
+            # RabbitMQ's handshake_timeout: header to connection.open-ok (which
+            # identifies the connection, marking it established) or the socket closes.
+            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
         )
 
     async def stop(self) -> None:

@@ -11,12 +11,12 @@ string headers as properties, the headers ``polymq.key`` / ``polymq.tag`` /
 from __future__ import annotations
 
 import datetime
-import struct
 from typing import Any, Final
 
-from pamqp import commands, header
+from pamqp import commands
 
 from protocols import interop
+from protocols.amqp import fields
 from storage.model import Message, StoredMessage
 
 __all__ = [
@@ -29,15 +29,15 @@ __all__ = [
 ]
 
 RAW_PROPERTIES: Final = interop.AMQP_PROPERTIES
-_CONTENT_PREFIX: Final = struct.pack(">HHQ", 60, 0, 0)
+_STORED_DEPTH: Final = 4096
 _FIELD_HEADERS: Final = frozenset({interop.KEY, interop.TAG, interop.MESSAGE_GROUP})
 
 
 def decode_properties(raw: bytes) -> commands.Basic.Properties:
-    content = header.ContentHeader()
-    content.unmarshal(_CONTENT_PREFIX + raw)
-    properties: commands.Basic.Properties = content.properties
-    return properties
+    """Stored properties, decoded again (dead-lettering, stream offsets). They were
+    checked against ``limits.max_nesting_depth`` when published; the bound here is
+    only generous, in case that limit was lowered since (the decoder does not recurse)."""
+    return fields.decode_properties(raw, 0, _STORED_DEPTH)
 
 
 def with_header(raw: bytes, name: str, value: Any) -> bytes:
