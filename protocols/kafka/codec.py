@@ -27,9 +27,9 @@ from kio.index import load_entity_schema
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
-from kio.serial.errors import SerialError
 from kio.static.constants import EntityType
 
+from protocols.kafka.bounds import check_request
 from protocols.kafka.versions import API_VERSIONS_KEY, SUPPORTED
 
 __all__ = [
@@ -127,9 +127,17 @@ def decode_request(frame: bytes) -> Request:
     request_cls, _ = _classes(api_key, api_version)
     header_cls = request_cls.__header_schema__
     try:
+        # Before the native reader, which would abort the process on a count that
+        # claims more items than the frame could hold (see protocols/kafka/bounds.py).
+        check_request(frame, request_cls, header_cls)
         header, offset = _reader(header_cls)(frame, 0)
         body, _ = _reader(request_cls)(frame, offset)
-    except (SerialError, ValueError, TypeError, IndexError) as e:
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as e:
+        # Any failure of a pure decoder is the frame's fault: bad UTF-8, an error code
+        # or timestamp out of range, even a panic in the native reader (pyo3 raises
+        # those as BaseException).
         raise BadRequest(f"cannot decode API {api_key} v{api_version}: {e}") from e
     # Bytes after the body are ignored, as Apache Kafka's request parser does:
     # librdkafka 2.16 sends three extra ones in an all-topics Metadata v12.
