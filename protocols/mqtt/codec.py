@@ -41,6 +41,7 @@ __all__ = [
     "SubAck",
     "Subscribe",
     "Subscription",
+    "TooManyFilters",
     "UnsubAck",
     "Unsubscribe",
     "encode",
@@ -146,6 +147,14 @@ class PacketTooLarge(Exception):
     """Over the server's maximum packet size (v5 reason 0x95, 3.1.2.11.4)."""
 
     reason = 0x95
+
+
+class TooManyFilters(ProtocolError):
+    """A SUBSCRIBE or UNSUBSCRIBE naming more topic filters than the server takes in
+    one packet (v5 reason 0x97, Quota exceeded). Raised once the limit is passed, so
+    refusing a packet of 100,000 filters costs no more than reading the allowed ones."""
+
+    reason = 0x97
 
 
 # -- packets ---------------------------------------------------------------------------
@@ -405,15 +414,43 @@ class Decoder:
     unknown and is set from the CONNECT packet (or by the caller, for a client-side
     decoder). ``max_packet_bytes`` bounds a whole packet (fixed header included) and
     is checked from the fixed header alone, before the body is buffered.
+    ``max_filters`` bounds the topic filters of one SUBSCRIBE or UNSUBSCRIBE.
+
+    With ``stop_after_connect`` (a server's decoder), :meth:`feed` returns right after
+    a CONNECT and leaves what follows buffered: the CONNECT decides how the rest is
+    read (the larger packet limit a logged-in client gets), so the caller adjusts the
+    decoder, then calls ``feed(b"")``.
     """
 
-    def __init__(self, *, level: int | None = None, max_packet_bytes: int = 1 << 28) -> None:
+    def __init__(
+        self,
+        *,
+        level: int | None = None,
+        max_packet_bytes: int = 1 << 28,
+        max_filters: int | None = None,
+        stop_after_connect: bool = False,
+    ) -> None:
         self.level = level
         self.max_packet_bytes = max_packet_bytes
+        self.max_filters = max_filters
+        self._stop_after_connect = stop_after_connect
         self._buffer = bytearray()
+        self._declared = 0
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes of a packet begun but not yet whole."""
+        return len(self._buffer)
+
+    @property
+    def declared_size(self) -> int:
+        """The whole size of the packet begun, once its fixed header is in; else 0.
+        What a reader reserves while the rest of the packet arrives."""
+        return self._declared
 
     def feed(self, data: bytes) -> list[Packet]:
         self._buffer += data
+        self._declared = 0
         packets: list[Packet] = []
         buf = self._buffer
         pos = 0
@@ -440,14 +477,17 @@ class Decoder:
                     f"packet of {header + length} bytes is over {self.max_packet_bytes}"
                 )
             if pos + header + length > size:
+                self._declared = header + length
                 break
             first = buf[pos]
             body = bytes(buf[pos + header : pos + header + length])
             pos += header + length
             packet = self._decode(first >> 4, first & 0x0F, body)
+            packets.append(packet)
             if isinstance(packet, Connect):
                 self.level = packet.level
-            packets.append(packet)
+                if self._stop_after_connect:
+                    break
         if pos:
             del buf[:pos]
         return packets
@@ -474,14 +514,16 @@ class Decoder:
         elif kind == SUBSCRIBE:
             if flags != 0b0010:
                 raise MalformedPacket("bad fixed header flags")
-            packet = _decode_subscribe(r, v5)
+            packet = _decode_subscribe(r, v5, self.max_filters)
         elif kind == UNSUBSCRIBE:
             if flags != 0b0010:
                 raise MalformedPacket("bad fixed header flags")
             pid = r.int2()
             props = r.properties() if v5 else {}
-            filters = []
+            filters: list[str] = []
             while r.left():
+                if len(filters) == self.max_filters:
+                    raise TooManyFilters(f"UNSUBSCRIBE with more than {self.max_filters} filters")
                 filters.append(r.utf8())
             if not filters:
                 raise ProtocolError("UNSUBSCRIBE without a topic filter (v5 3.10.3)")
@@ -604,13 +646,15 @@ def _decode_publish(r: _Reader, flags: int, v5: bool) -> Publish:
     )
 
 
-def _decode_subscribe(r: _Reader, v5: bool) -> Subscribe:
+def _decode_subscribe(r: _Reader, v5: bool, max_filters: int | None) -> Subscribe:
     """SUBSCRIBE (v5 3.8): options byte bits 0-1 QoS, 2 no local, 3 retain as
     published, 4-5 retain handling, 6-7 reserved (and v3 uses only bits 0-1)."""
     pid = r.int2()
     props = r.properties() if v5 else {}
-    subs = []
+    subs: list[Subscription] = []
     while r.left():
+        if len(subs) == max_filters:
+            raise TooManyFilters(f"SUBSCRIBE with more than {max_filters} filters")
         topic_filter = r.utf8()
         options = r.byte()
         qos = options & 0x03
@@ -728,9 +772,9 @@ def encode(packet: Packet, level: int) -> bytes:
             body = bytes((packet.reason,)) + _encode_properties(packet.properties)
         return _frame(DISCONNECT << 4, body)
     if isinstance(packet, Subscribe):
-        body = struct.pack(">H", packet.packet_id)
+        out = bytearray(struct.pack(">H", packet.packet_id))  # not bytes: linear, not n²
         if v5:
-            body += _encode_properties(packet.properties)
+            out += _encode_properties(packet.properties)
         for sub in packet.subscriptions:
             options = sub.qos
             if v5:
@@ -739,8 +783,9 @@ def encode(packet: Packet, level: int) -> bytes:
                     | (sub.retain_as_published << 3)
                     | (sub.retain_handling << 4)
                 )
-            body += _str(sub.filter) + bytes((options,))
-        return _frame((SUBSCRIBE << 4) | 0b0010, body)
+            out += _str(sub.filter)
+            out.append(options)
+        return _frame((SUBSCRIBE << 4) | 0b0010, bytes(out))
     if isinstance(packet, Unsubscribe):
         body = struct.pack(">H", packet.packet_id)
         if v5:

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 
 from gateway.accounts import AuthenticationFailed, AuthError
+from gateway.fairness import cooperatively
 from gateway.processor import Caller
 from protocols.mqtt import codec
 from protocols.mqtt._state import ConnectionState, accepts
@@ -38,15 +39,16 @@ from protocols.mqtt.topic_filter_index import (
     is_valid_filter,
     is_valid_topic_name,
     split_shared,
+    topic_levels,
 )
 from protocols.mqtt.transport import Transport
 from storage.errors import InvalidName, MessageTooLarge, StorageError
+from storage.names import check_name
 
 __all__ = ["MqttConnection"]
 
 log = logging.getLogger(__name__)
 
-_CONNECT_TIMEOUT_S = 10.0
 _BATCH = 256  # PUBLISHes per append, acks per ack call
 _ACKS = (codec.PubAck, codec.PubRec, codec.PubComp)
 
@@ -64,6 +66,7 @@ _FILTER_INVALID = 0x8F
 _TOPIC_INVALID = 0x90
 _TOPIC_ALIAS_INVALID = 0x94
 _PACKET_TOO_LARGE = 0x95
+_QUOTA_EXCEEDED = 0x97
 _SERVER_SHUTTING_DOWN = 0x8B
 _RECEIVE_MAXIMUM_EXCEEDED = 0x93
 
@@ -105,7 +108,6 @@ class MqttConnection:
         "_connection_id",
         "_decoder",
         "_done",
-        "_early",
         "_finished",
         "_graceful",
         "_in_aliases",
@@ -131,7 +133,14 @@ class MqttConnection:
         self._connection_id = connection_id
         self._clock = services.clock
         self.state = ConnectionState.AWAIT_CONNECT
-        self._decoder = codec.Decoder(max_packet_bytes=self._config.max_packet_bytes)
+        # Until CONNECT is accepted a peer may send only small packets (Kafka's
+        # sasl.server.max.receive.size): an anonymous socket holds little.
+        anonymous_max = services.limits.max_unauthenticated_frame_bytes
+        self._decoder = codec.Decoder(
+            max_packet_bytes=min(self._config.max_packet_bytes, anonymous_max),
+            max_filters=self._config.max_filters_per_subscribe,
+            stop_after_connect=True,
+        )
         self._v5 = False
         self._caller: Caller | None = None
         self._broker: Broker | None = None
@@ -142,7 +151,6 @@ class MqttConnection:
         self._problem_info = True  # v5 3.1.2.11.7: reason strings only if the client wants
         self._graceful = False
         # inbound
-        self._early: list[codec.Packet] = []  # pipelined behind CONNECT
         self._in_aliases: dict[int, str] = {}
         self._inbound_unacked = 0  # QoS 1/2 PUBLISHes received, not yet acked (v5)
         self._out = Outbound(services, transport)
@@ -159,7 +167,7 @@ class MqttConnection:
                 del connect  # not kept for the connection's life
                 await self._read_loop()
         except _Close as e:
-            log.debug("mqtt %s: closing: %s", self.client_id or "-", e)
+            log.info("mqtt %s: closing: %s", self.client_id or "-", e)
             self._goodbye(e.reason, str(e))
         except (codec.MalformedPacket, codec.ProtocolError, codec.PacketTooLarge) as e:
             log.info("mqtt %s: bad packet: %s", self.client_id or "-", e)
@@ -176,16 +184,17 @@ class MqttConnection:
             await self._finish()
 
     async def _first_packet(self) -> codec.Connect | None:
+        """CONNECT, which must arrive within ``limits.handshake_timeout_ms`` (the TCP
+        listener's own deadline says the same; this one also covers WebSocket)."""
+        timeout_s = self._services.limits.handshake_timeout_ms / 1000
+        self._transport.limit_packets(self._decoder.max_packet_bytes)
         try:
-            async with asyncio.timeout(_CONNECT_TIMEOUT_S):
-                while True:
-                    data = await self._transport.read()
-                    if not data:
-                        return None
-                    packets = self._decoder.feed(data)
-                    if packets:
-                        break
+            async with asyncio.timeout(timeout_s):
+                packets = await self._read()
+            if packets is None:
+                return None
         except TimeoutError:
+            log.info("mqtt: no CONNECT within %g s; closing", timeout_s)
             return None
         except codec.UnsupportedProtocol as e:
             # v5 3.1.2.2: CONNACK 0x84 (v5) or return code 1 (v3), then close.
@@ -200,8 +209,42 @@ class MqttConnection:
         if not accepts(self.state, first) or not isinstance(first, codec.Connect):
             log.info("mqtt: first packet is %s, not CONNECT", type(first).__name__)
             return None
-        self._early = packets[1:]  # handled once connected
-        return first
+        return first  # the decoder stopped there: what follows waits in it
+
+    async def _read(self) -> list[codec.Packet] | None:
+        """The packets the next reads make whole; ``None`` once the peer has closed.
+
+        A packet once begun must arrive whole within ``limits.frame_timeout_ms``, and
+        while it arrives its declared size is held from the gateway's frame budget: a
+        peer declaring large packets and sending them slowly holds neither its
+        connection nor the process's memory for long."""
+        decoder, transport = self._decoder, self._transport
+        if not decoder.pending_bytes:  # between packets (the usual case): nothing held
+            data = await transport.read()
+            if not data:
+                return None
+            packets = decoder.feed(data)
+            if packets or not decoder.pending_bytes:
+                return packets
+        timeout_s = self._services.limits.frame_timeout_ms / 1000
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        budget = self._services.frame_budget
+        while True:
+            try:
+                async with asyncio.timeout_at(deadline) as limit:
+                    async with budget.reserve(decoder.declared_size):
+                        data = await transport.read()
+            except TimeoutError:
+                if limit.expired():
+                    raise _Close(
+                        _KEEP_ALIVE_TIMEOUT, f"a packet begun was not whole within {timeout_s:g} s"
+                    ) from None
+                raise
+            if not data:
+                return None
+            packets = decoder.feed(data)
+            if packets:
+                return packets
 
     async def _read_loop(self) -> None:
         """Read, then handle everything the read brought before reading again: what
@@ -209,7 +252,10 @@ class MqttConnection:
         batch (one append for many PUBLISHes, one ack call for many PUBACKs)."""
         keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
         loop = asyncio.get_running_loop()
-        packets, self._early = self._early, []
+        decoder = self._decoder
+        decoder.max_packet_bytes = self._max_packet_bytes()
+        self._transport.limit_packets(decoder.max_packet_bytes)
+        packets = decoder.feed(b"")  # what was pipelined behind CONNECT
         async with asyncio.timeout(None) as deadline:
             while True:
                 for packet in packets:
@@ -220,11 +266,15 @@ class MqttConnection:
                     await self._transport.drain()
                 if keep_alive_s is not None:
                     deadline.reschedule(loop.time() + keep_alive_s)
-                data = await self._transport.read()
-                if not data:
+                read = await self._read()
+                if read is None:
                     return
                 deadline.reschedule(None)  # handling time is not the client's silence
-                packets = self._decoder.feed(data)
+                packets = read
+
+    def _max_packet_bytes(self) -> int:
+        """The largest packet a connected client may send (and is told in CONNACK)."""
+        return min(self._config.max_packet_bytes, self._services.limits.max_frame_bytes)
 
     def _admit(self, packet: codec.Packet) -> None:
         if not accepts(self.state, packet):
@@ -259,6 +309,8 @@ class MqttConnection:
         try:
             await self._out.stop()
             await self._end_session()
+        except StorageError as e:  # storage refused or is away: not a bug of ours
+            log.warning("mqtt %s: ending the session: %s", self.client_id, e)
         except Exception:
             log.exception("mqtt %s: ending the session failed", self.client_id)
 
@@ -307,6 +359,14 @@ class MqttConnection:
         self._decoder.level = connect.level
         props = connect.properties
         services = self._services
+        if connect.will_topic is not None:
+            problem = self._will_topic_problem(connect.will_topic)
+            if problem is not None:
+                # v5 CONNACK 0x90; v3 has no such code: 3, as EMQX maps it.
+                log.info("mqtt %r: refused: will topic %s", connect.client_id, problem)
+                self._out.write(codec.ConnAck(reason=_TOPIC_INVALID if self._v5 else 3))
+                self._out.flush()
+                return False
         password = None if connect.password is None else connect.password.decode("utf-8", "replace")
         try:
             principal = services.accounts.authenticate(connect.username, password)
@@ -363,8 +423,6 @@ class MqttConnection:
                     client_id=client_id,
                 )
         if connect.will_topic is not None:
-            if not is_valid_topic_name(connect.will_topic):
-                raise _Close(_TOPIC_INVALID, "will topic is not a valid topic name")
             self._will = _Will(
                 packet=codec.Publish(
                     topic=connect.will_topic,
@@ -392,7 +450,7 @@ class MqttConnection:
         if self._v5:
             ack.properties = {
                 codec.RECEIVE_MAXIMUM: self._config.receive_maximum,
-                codec.MAXIMUM_PACKET_SIZE: self._config.max_packet_bytes,
+                codec.MAXIMUM_PACKET_SIZE: self._max_packet_bytes(),
                 codec.TOPIC_ALIAS_MAXIMUM: self._config.topic_alias_maximum,
                 codec.RETAIN_AVAILABLE: 1,
                 codec.WILDCARD_SUB_AVAILABLE: 1,
@@ -407,6 +465,20 @@ class MqttConnection:
         self.state = ConnectionState.CONNECTED
         self._out.bind(self._session, self._broker, self._caller)
         return True
+
+    def _will_topic_problem(self, topic: str) -> str | None:
+        """Why a will topic could not be published at session end, if it could not:
+        checked at CONNECT like a PUBLISH topic (v5 3.1.3.3), and against the storage
+        topic's name rules, so no will fails only when the session ends."""
+        if not is_valid_topic_name(topic):
+            return "is empty or has a wildcard"
+        if topic_levels(topic) > self._config.max_topic_levels:
+            return f"has more than {self._config.max_topic_levels} levels"
+        try:
+            check_name("topic", storage_topic(topic))
+        except InvalidName as e:
+            return f"cannot be stored: {e}"
+        return None
 
     # -- packets in order ----------------------------------------------------------
 
@@ -493,7 +565,13 @@ class MqttConnection:
         for packet in batch:
             topic = self._resolve_topic(packet)
             if not is_valid_topic_name(topic):
-                raise _Close(_TOPIC_INVALID, f"invalid topic name {topic!r} in PUBLISH")
+                raise _Close(_TOPIC_INVALID, f"invalid topic name {topic[:100]!r} in PUBLISH")
+            if topic_levels(topic) > self._config.max_topic_levels:
+                # As EMQX: DISCONNECT 0x90 (v3: a close), whatever the QoS.
+                raise _Close(
+                    _TOPIC_INVALID,
+                    f"topic name with more than {self._config.max_topic_levels} levels",
+                )
             if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
                 acks.append(codec.PubRec(packet_id=packet.packet_id))  # a resend: stored
                 continue
@@ -570,13 +648,18 @@ class MqttConnection:
         sub_id = ids[0] if ids else None
         reasons: list[int] = []
         retained: list[Delivery] = []
-        for sub in packet.subscriptions:
+        max_levels = self._config.max_topic_levels
+        # In slices: up to max_filters_per_subscribe filters, each an index update
+        # and maybe a retained lookup, must not hold the loop all at once.
+        async for sub in cooperatively(packet.subscriptions):
             try:
                 shared = split_shared(sub.filter)
                 valid = shared is not None or is_valid_filter(sub.filter)
             except ValueError:
                 valid = False
                 shared = None
+            if valid:  # as EMQX: a shared filter's levels are counted without $share/g
+                valid = topic_levels(shared[1] if shared else sub.filter) <= max_levels
             if not valid or (shared is not None and sub.no_local):
                 reasons.append(_FILTER_INVALID if self._v5 else 0x80)
                 continue
@@ -612,7 +695,7 @@ class MqttConnection:
     async def _on_unsubscribe(self, packet: codec.Unsubscribe) -> None:
         assert self._broker is not None and self._session is not None
         reasons = []
-        for topic_filter in packet.filters:
+        async for topic_filter in cooperatively(packet.filters):
             found = self._broker.unsubscribe(self._session, topic_filter)
             reasons.append(_SUCCESS if found else _NO_SUBSCRIPTION)
         await self._broker.save_subscriptions(self._session)

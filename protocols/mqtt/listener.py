@@ -24,6 +24,10 @@ __all__ = ["MqttWebSocketListener", "mqtt_listener", "mqtt_ws_listener"]
 log = logging.getLogger(__name__)
 
 _SUBPROTOCOLS = [Subprotocol("mqtt"), Subprotocol("mqttv3.1")]
+# Frames websockets holds for a connection beyond the one being read (its default is
+# 16): past them it stops reading the socket, so a peer that sends faster than it is
+# served holds at most this many frames, each at most the packet limit.
+_MAX_QUEUED_FRAMES = 4
 
 
 def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:
@@ -50,6 +54,7 @@ class _MqttTcpListener(TcpListener):
             handler=handler,
             connections=context.connections,
             protocol="mqtt",
+            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
         )
         self._services = services
 
@@ -88,13 +93,19 @@ class MqttWebSocketListener:
         return self._address
 
     async def start(self) -> None:
+        limits = self._context.config.limits
         self._server = await serve(
             self._handle,
             self._context.host,
             self._context.port,
             subprotocols=_SUBPROTOCOLS,
             compression=None,
+            # The HTTP upgrade within the handshake deadline (CONNECT then gets as
+            # long again, from MqttConnection); messages bounded per connection by
+            # the transport (small until CONNECT), and few of them queued.
+            open_timeout=limits.handshake_timeout_ms / 1000,
             max_size=self._services.config.max_packet_bytes + 8,
+            max_queue=_MAX_QUEUED_FRAMES,
             ping_interval=None,
         )
         sockname = next(iter(self._server.sockets)).getsockname()

@@ -11,9 +11,10 @@ import weakref
 from dataclasses import dataclass
 
 from gateway.accounts import Accounts
-from gateway.config import MqttConfig
+from gateway.config import LimitsConfig, MqttConfig
 from gateway.connections import ConnectionRegistry
 from gateway.directory import SingleGateway
+from gateway.fairness import FrameBudget
 from gateway.listeners import ListenerContext
 from gateway.metering import Metering
 from gateway.processor import Processor
@@ -80,6 +81,10 @@ class MqttServices:
     metering: Metering
     connections: ConnectionRegistry
     config: MqttConfig
+    # What any peer may take (handshake and frame deadlines, packet sizes before and
+    # after login) and the gateway's budget for packets still being read.
+    limits: LimitsConfig
+    frame_budget: FrameBudget
     clock: Clock
     brokers: BrokerRegistry
     stats: Stats
@@ -158,6 +163,8 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
             metering=context.metering,
             connections=context.connections,
             config=context.config.mqtt,
+            limits=context.config.limits,
+            frame_budget=context.frame_budget,
             clock=context.clock,
             brokers=BrokerRegistry(context.processor, _peers(context)),
             stats=Stats(started_ms=context.clock.now_ms()),

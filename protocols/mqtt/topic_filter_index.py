@@ -19,11 +19,17 @@ __all__ = [
     "is_valid_filter",
     "is_valid_topic_name",
     "split_shared",
+    "topic_levels",
 ]
 
 _V = TypeVar("_V")
 
 SHARE_PREFIX = "$share/"
+
+
+def topic_levels(topic: str) -> int:
+    """Levels of a topic name or filter (``a//b`` has three, ``/`` two)."""
+    return topic.count("/") + 1
 
 
 def is_valid_topic_name(topic: str) -> bool:
@@ -126,35 +132,36 @@ class TopicFilterIndex(Generic[_V]):
         return True
 
     def match(self, topic: str) -> list[tuple[object, _V]]:
-        levels = topic.split("/")
-        found: list[tuple[object, _V]] = []
-        self._walk(self._root, levels, 0, topic.startswith("$"), found)
-        return found
+        """Every (key, value) whose filter matches ``topic``.
 
-    def _walk(
-        self,
-        node: _Node[_V],
-        levels: list[str],
-        depth: int,
-        system: bool,
-        found: list[tuple[object, _V]],
-    ) -> None:
-        children = node.children
-        wild = not (system and depth == 0)
-        if wild:
-            multi = children.get("#")
-            if multi is not None:  # "a/#" also matches "a" (v5 4.7.1.2)
-                found.extend(multi.entries.items())
-        if depth == len(levels):
-            found.extend(node.entries.items())
-            return
-        exact = children.get(levels[depth])
-        if exact is not None:
-            self._walk(exact, levels, depth + 1, system, found)
-        if wild:
-            single = children.get("+")
-            if single is not None:
-                self._walk(single, levels, depth + 1, system, found)
+        The walk keeps its own stack rather than recursing: a topic may have far more
+        levels than Python's recursion limit (a 1,500-level subscription once made every
+        1,500-level publish fail), and the listeners' level limit must not be what keeps
+        the index correct."""
+        levels = topic.split("/")
+        end = len(levels)
+        system = topic.startswith("$")
+        found: list[tuple[object, _V]] = []
+        stack: list[tuple[_Node[_V], int]] = [(self._root, 0)]
+        while stack:
+            node, depth = stack.pop()
+            children = node.children
+            wild = not (system and depth == 0)
+            if wild:
+                multi = children.get("#")
+                if multi is not None:  # "a/#" also matches "a" (v5 4.7.1.2)
+                    found.extend(multi.entries.items())
+            if depth == end:
+                found.extend(node.entries.items())
+                continue
+            if wild:
+                single = children.get("+")
+                if single is not None:
+                    stack.append((single, depth + 1))
+            exact = children.get(levels[depth])
+            if exact is not None:
+                stack.append((exact, depth + 1))  # popped first: the exact path leads
+        return found
 
     def entries(self) -> Iterator[tuple[str, object, _V]]:
         """Every (filter, key, value), for inspection and tests."""

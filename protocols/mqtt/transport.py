@@ -12,6 +12,10 @@ from websockets.exceptions import ConnectionClosed
 
 __all__ = ["TcpTransport", "Transport", "WebSocketTransport"]
 
+# Bytes one read hands the connection: what it decodes and handles before it reads
+# again, whatever the size of the WebSocket message they came in.
+READ_BYTES = 1 << 16
+
 
 class Transport(Protocol):
     def read(self) -> Awaitable[bytes]:
@@ -19,6 +23,11 @@ class Transport(Protocol):
         ...
 
     def write(self, data: bytes) -> None: ...
+
+    def limit_packets(self, max_bytes: int) -> None:
+        """The largest packet now accepted (smaller before CONNECT is accepted): a
+        transport that buffers whole messages itself bounds them by it."""
+        ...
 
     def backlog(self) -> int:
         """Bytes written but not yet handed to the kernel."""
@@ -39,11 +48,14 @@ class TcpTransport:
     def read(self) -> Awaitable[bytes]:
         # The reader's coroutine itself, not one around it: a frame less per
         # (mostly idle) connection.
-        return self._reader.read(1 << 16)
+        return self._reader.read(READ_BYTES)
 
     def write(self, data: bytes) -> None:
         if not self._writer.is_closing():
             self._writer.write(data)
+
+    def limit_packets(self, max_bytes: int) -> None:
+        pass  # the decoder holds what a stream brings, and checks it
 
     def backlog(self) -> int:
         return self._writer.transport.get_write_buffer_size()
@@ -57,10 +69,12 @@ class TcpTransport:
 
 class WebSocketTransport:
     """Writes are queued and sent in order by one task, since a WebSocket send is a
-    coroutine and MQTT's writers are not."""
+    coroutine and MQTT's writers are not. Reads hand out at most ``READ_BYTES`` of a
+    message at a time, as a TCP read would."""
 
     def __init__(self, websocket: ServerConnection) -> None:
         self._ws = websocket
+        self._unread = b""
         self._pending: list[bytes] = []
         self._queued = 0
         self._sender: asyncio.Task[None] | None = None
@@ -69,11 +83,20 @@ class WebSocketTransport:
         self._closing: asyncio.Task[None] | None = None
 
     async def read(self) -> bytes:
-        try:
-            data = await self._ws.recv()
-        except ConnectionClosed:
-            return b""
-        return data.encode() if isinstance(data, str) else bytes(data)
+        data = self._unread
+        if not data:
+            try:
+                message = await self._ws.recv()
+            except ConnectionClosed:
+                return b""
+            data = message.encode() if isinstance(message, str) else bytes(message)
+        self._unread = data[READ_BYTES:]
+        return data[:READ_BYTES]
+
+    def limit_packets(self, max_bytes: int) -> None:
+        # websockets buffers a whole message before recv() returns: bound it (a
+        # message may hold a packet and the start of the next, hence the slack).
+        self._ws.protocol.max_size = max_bytes + 8
 
     def write(self, data: bytes) -> None:
         self._pending.append(data)
