@@ -4,9 +4,10 @@ uvicorn owns the connections here, so this is a small Listener of its own rather
 a ``TcpListener``: it binds the socket itself (so port 0 works and the bound address
 is known at once), runs ``uvicorn.Server.serve(sockets=[sock])`` as a task, and stops
 it by setting ``should_exit``. Each HTTP connection is entered in the gateway's
-connection registry (and refused at its limit) by a thin subclass of uvicorn's HTTP
-protocol: the httptools one when ``httptools`` is installed (its C parser costs a
-fraction of h11's pure-Python one per request), else h11.
+connection registry (and refused at its limits) by a subclass of uvicorn's httptools
+protocol (:mod:`protocols.http.guarded`), which also holds slow and oversized request
+heads and bodies to the gateway's limits. httptools is required: its C parser costs a
+fraction of h11's pure-Python one per request, and the guards hook its callbacks.
 """
 
 from __future__ import annotations
@@ -16,16 +17,12 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import uvicorn
-from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.connections import ConnectionRegistry, TooManyConnections
 from gateway.listeners import Listener, ListenerContext
 from protocols.http.app import HttpApp, build_app
-from protocols.mns.request import CONNECTION_ID
+from protocols.http.guarded import guarded_protocol
 
 __all__ = ["HTTP_PARSER", "HttpListener", "http_listener"]
 
@@ -34,6 +31,8 @@ log = logging.getLogger(__name__)
 _START_TIMEOUT_S = 10.0
 _GRACEFUL_STOP_S = 2
 _KEEP_ALIVE_S = 75  # MNS clients keep connections open between calls
+# The C parser the guarded protocol is built on (bench/http.py reports it).
+HTTP_PARSER = "httptools"
 
 
 class _EmbeddedServer(uvicorn.Server):
@@ -43,59 +42,6 @@ class _EmbeddedServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
-
-
-if TYPE_CHECKING:
-    _Protocol = H11Protocol  # the httptools one has the same surface used here
-else:
-    try:
-        from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol as _Protocol
-    except ImportError:  # httptools is not installed
-        _Protocol = H11Protocol
-
-HTTP_PARSER = "h11" if _Protocol is H11Protocol else "httptools"
-
-
-def _registered_protocol(connections: ConnectionRegistry) -> type[H11Protocol]:
-    class RegisteredProtocol(_Protocol):
-        _connection_id: int | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            sock = transport.get_extra_info("socket")
-            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            client = self.client
-            peer = f"{client[0]}:{client[1]}" if client else "unknown"
-
-            async def close() -> None:
-                transport.close()
-
-            try:
-                connection_id = connections.register(protocol="http", peer=peer, close=close).id
-            except TooManyConnections as e:
-                log.warning("http: refused %s: %s", peer, e)
-                transport.close()
-                return
-            self._connection_id = connection_id
-            inner = self.app
-
-            async def app(
-                scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
-            ) -> None:
-                # Handlers find their connection's registry entry here (CONNECTION_ID).
-                scope[CONNECTION_ID] = connection_id  # type: ignore[literal-required]
-                await inner(scope, receive, send)
-
-            self.app = app
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if self._connection_id is not None:
-                connections.unregister(self._connection_id)
-                self._connection_id = None
-            super().connection_lost(exc)
-
-    return RegisteredProtocol
 
 
 class HttpListener:
@@ -146,7 +92,12 @@ class HttpListener:
             log_config=None,  # the gateway configured logging; uvicorn's loggers propagate
             log_level="warning",
             access_log=False,
-            http=_registered_protocol(self._context.connections),
+            http=guarded_protocol(self._context.connections, self._context.config.limits),
+            # No WebSocket route is served here: an Upgrade is answered in HTTP/1.1
+            # (uvicorn's WebSocket protocol would take the connection out of the guards).
+            ws="none",
+            # The guard's head deadline (limits.handshake_timeout_ms) closes idle
+            # keep-alive connections first when it is shorter.
             timeout_keep_alive=_KEEP_ALIVE_S,
             timeout_graceful_shutdown=_GRACEFUL_STOP_S,
             server_header=False,

@@ -1,0 +1,194 @@
+"""uvicorn's httptools protocol, held to the gateway's limits for hostile peers.
+
+uvicorn itself waits forever for a request's head (its keep-alive timer restarts on
+every byte, and there is none before the first request) and lets llhttp buffer headers
+of any size, so a socket sending one byte a second holds its connection slot and
+memory indefinitely. This subclass adds what a reverse proxy would: the request line
+and headers must arrive within ``limits.handshake_timeout_ms`` of the connection
+opening or of the previous response (408, or a plain close if nothing was sent), a
+request body within ``limits.frame_timeout_ms`` of its headers, and the head may be at
+most :data:`MAX_HEAD_BYTES` (431). It also enters each connection in the gateway's
+registry, which refuses it at the connection limits, and marks it established once a
+first request's headers are complete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.config import LimitsConfig
+from gateway.connections import ConnectionRegistry, TooManyConnections
+from protocols.mns.request import CONNECTION_ID
+
+__all__ = ["MAX_HEAD_BYTES", "guarded_protocol"]
+
+log = logging.getLogger(__name__)
+
+# nginx's large_client_header_buffers is 4 x 8 KiB; MNS requests carry a few hundred
+# bytes of headers. Counted from the bytes received, so a header llhttp is still
+# buffering (no line end yet) counts too.
+MAX_HEAD_BYTES = 64 << 10
+
+_TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+_TOO_LARGE = (
+    b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+    b"content-length: 0\r\nconnection: close\r\n\r\n"
+)
+
+
+def guarded_protocol(
+    connections: ConnectionRegistry, limits: LimitsConfig
+) -> type[HttpToolsProtocol]:
+    """The protocol class for ``uvicorn.Config(http=...)``."""
+    head_timeout_s = limits.handshake_timeout_ms / 1000
+    body_timeout_s = limits.frame_timeout_ms / 1000
+
+    class GuardedProtocol(HttpToolsProtocol):
+        _connection_id: int | None = None
+        _peer = "unknown"
+        # Between a request's end (or the connection's start) and the next one's
+        # headers: the bytes then received are head bytes.
+        _in_head = True
+        _head_bytes = 0
+        # Requests whose headers arrived and whose response is not yet complete: while
+        # one is served (a long poll, say) the peer owes no next head.
+        _serving = 0
+        _head_timer: asyncio.TimerHandle | None = None
+        _body_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            sock = transport.get_extra_info("socket")
+            if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            client = self.client
+            self._peer = f"{client[0]}:{client[1]}" if client else "unknown"
+
+            async def close() -> None:
+                transport.close()
+
+            try:
+                connection_id = connections.register(
+                    protocol="http", peer=self._peer, close=close
+                ).id
+            except TooManyConnections as e:
+                log.warning("http: refused %s: %s", self._peer, e)
+                transport.close()
+                return
+            self._connection_id = connection_id
+            inner = self.app
+
+            async def app(
+                scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable
+            ) -> None:
+                # Handlers find their connection's registry entry here (CONNECTION_ID).
+                scope[CONNECTION_ID] = connection_id  # type: ignore[literal-required]
+                await inner(scope, receive, send)
+
+            self.app = app
+            self._arm_head()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._stop_head()
+            self._stop_body()
+            if self._connection_id is not None:
+                connections.unregister(self._connection_id)
+                self._connection_id = None
+            super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if self._connection_id is None or self.transport.is_closing():
+                return  # refused or being closed: nothing more is parsed
+            if self._in_head:
+                self._head_bytes += len(data)
+            super().data_received(data)
+            if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
+                self._refuse(_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
+
+        # -- llhttp callbacks (during super().data_received) ------------------------
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._head_bytes = 0
+            self._serving += 1
+            self._stop_head()
+            if self._connection_id is not None:
+                connections.established(self._connection_id)
+            self._stop_body()
+            self._body_timer = self.loop.call_later(body_timeout_s, self._body_expired)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._stop_body()
+            self._in_head = True
+            if self._serving == 0:  # answered before its body was read: next head is due
+                self._arm_head()
+            super().on_message_complete()
+
+        # -- called by the request cycle once a response is written ----------------
+
+        def on_response_complete(self) -> None:
+            self._serving = max(0, self._serving - 1)
+            super().on_response_complete()
+            if self._serving == 0 and self._in_head and not self.transport.is_closing():
+                self._arm_head()
+
+        def _unsupported_upgrade_warning(self) -> None:
+            """An Upgrade the app does not serve (WebSocket, h2c): the request is answered
+            in HTTP/1.1 and the connection then closes, since llhttp parses nothing more
+            on it; one line, not uvicorn's two warnings per packet."""
+            log.info("http: %s asked for an unsupported Upgrade; closing after it", self._peer)
+            if self.cycle is not None and not self.cycle.response_complete:
+                self.cycle.keep_alive = False
+            else:
+                self.transport.close()
+
+        # -- deadlines ---------------------------------------------------------------
+
+        def _arm_head(self) -> None:
+            self._stop_head()
+            self._head_timer = self.loop.call_later(head_timeout_s, self._head_expired)
+
+        def _stop_head(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _stop_body(self) -> None:
+            if self._body_timer is not None:
+                self._body_timer.cancel()
+                self._body_timer = None
+
+        def _head_expired(self) -> None:
+            self._head_timer = None
+            if self.transport.is_closing() or not self._in_head or self._serving:
+                return
+            if self._head_bytes:
+                self._refuse(_TIMEOUT, f"no request head within {head_timeout_s:g} s")
+            else:  # idle: a 408 could cross the peer's next request, so just close
+                log.info("http: closing %s: idle for %g s", self._peer, head_timeout_s)
+                self.transport.close()
+
+        def _body_expired(self) -> None:
+            self._body_timer = None
+            if not self.transport.is_closing():
+                log.info(
+                    "http: closing %s: request body not complete within %g s",
+                    self._peer,
+                    body_timeout_s,
+                )
+                self.transport.close()
+
+        def _refuse(self, response: bytes, why: str) -> None:
+            if self.transport.is_closing():
+                return
+            log.info("http: closing %s: %s", self._peer, why)
+            self.transport.write(response)
+            self.transport.close()
+
+    return GuardedProtocol
