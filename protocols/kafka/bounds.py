@@ -25,8 +25,8 @@ from typing import Any, TypeGuard
 
 __all__ = ["Malformed", "check_request"]
 
-# (bytes, offset, end) -> offset after the entity; raises Malformed.
-Checker = Callable[[bytes, int, int], int]
+# (bytes, offset, end, [items left]) -> offset after the entity; raises Malformed.
+Checker = Callable[[bytes, int, int, list[int]], int]
 
 _FIXED: dict[str, int] = {
     "int8": 1,
@@ -89,7 +89,7 @@ def _null(what: str) -> Malformed:
     return Malformed(f"null {what}, which the schema does not allow")
 
 
-def _tags(b: bytes, o: int, n: int, known: dict[int, Checker], where: str) -> int:
+def _tags(b: bytes, o: int, n: int, c: list[int], known: dict[int, Checker], where: str) -> int:
     """Skip an entity's tagged fields, checking each known one inside its own size."""
     if o < n and b[o] == 0:  # the usual case: no tagged fields
         return o + 1
@@ -105,7 +105,7 @@ def _tags(b: bytes, o: int, n: int, known: dict[int, Checker], where: str) -> in
         check = known.get(tag)
         if check is None:
             raise Malformed(f"{where}: unknown tagged field {tag}")
-        check(b, o, end)
+        check(b, o, end, c)
         o = end
     return o
 
@@ -152,7 +152,7 @@ class _Compiler:
         name = f"_check_{len(self.names)}_{cls.__name__}"
         self.names[key] = name
         flexible = bool(cls.__flexible__)
-        lines = [f"def {name}(b, o, n):"]
+        lines = [f"def {name}(b, o, n, c):"]
         pending = 0  # fixed bytes not yet added to o
         minimum = 1 if flexible else 0
         tagged: list[tuple[int, str]] = []
@@ -177,7 +177,7 @@ class _Compiler:
         if flexible:
             table = f"{name}_tags"
             self.namespace[table] = {}
-            lines.append(f"    return _tags(b, o, n, {table}, {cls.__name__!r})")
+            lines.append(f"    return _tags(b, o, n, c, {table}, {cls.__name__!r})")
         else:
             lines.append("    return o")
         exec("\n".join(lines), self.namespace)  # our own generated code
@@ -193,11 +193,14 @@ class _Compiler:
         name = f"_tag_{len(self.namespace)}_{cls.__name__}_{f.name}"
         kind = f.metadata.get("kafka_type")
         if kind in _FIXED and typing.get_origin(_strip_none(f.type)) is not tuple:
-            lines = [f"def {name}(b, o, n):", f"    if o + {_FIXED[kind]} > n: raise _short('tag')"]
-            lines.append("    return o")
+            lines = [
+                f"def {name}(b, o, n, c):",
+                f"    if o + {_FIXED[kind]} > n: raise _short('tag')",
+                "    return o",
+            ]
         else:
             body, _ = self._field(cls, f, True, False)
-            lines = [f"def {name}(b, o, n):", *("    " + line for line in body), "    return o"]
+            lines = [f"def {name}(b, o, n, c):", *("    " + line for line in body), "    return o"]
         exec("\n".join(lines), self.namespace)  # our own generated code
         return name
 
@@ -217,12 +220,12 @@ class _Compiler:
         if _is_entity(tp):
             inner = self.entity(tp)
             if not nullable:
-                return [f"o = {inner}(b, o, n)"], self.minimum[(tp, False)]
+                return [f"o = {inner}(b, o, n, c)"], self.minimum[(tp, False)]
             return [
                 "if o >= n: raise _short('marker')",
                 "m = b[o]",
                 "o += 1",
-                f"if m == 1: o = {inner}(b, o, n)",
+                f"if m == 1: o = {inner}(b, o, n, c)",
                 f"elif m != 255: raise Malformed('bad null marker in {where}')",
             ], 1
         kind = f.metadata.get("kafka_type")
@@ -285,6 +288,11 @@ class _Compiler:
             size = 4
         if not nullable:
             lines.append(f"if C == -1: raise _null({where!r})")
+        lines += [
+            "if C > 0:",
+            "    c[0] -= C",
+            "    if c[0] < 0: raise Malformed('more array items than a request may carry')",
+        ]
         item_nullable = _nullable(item)
         item = _strip_none(item)
         kind = f.metadata.get("kafka_type")
@@ -294,7 +302,7 @@ class _Compiler:
             lines += [
                 f"if C > (n - o) // {smallest}: raise _short('{where}: ' + str(C) + ' items')",
                 "for _ in range(C):",
-                f"    o = {inner}(b, o, n)",
+                f"    o = {inner}(b, o, n, c)",
             ]
         elif kind in _FIXED:
             lines += [
@@ -329,12 +337,17 @@ def _checkers(request_cls: type[Any], header_cls: type[Any]) -> tuple[Checker, C
     return pair
 
 
-def check_request(frame: bytes, request_cls: type[Any], header_cls: type[Any]) -> None:
+def check_request(
+    frame: bytes, request_cls: type[Any], header_cls: type[Any], max_items: int | None = None
+) -> None:
     """Raise :class:`Malformed` unless ``frame`` (a request without its size prefix)
-    holds a header and a body of ``request_cls`` whose every declared size fits.
+    holds a header and a body of ``request_cls`` whose every declared size fits, with
+    at most ``max_items`` array items in all (decoding time grows with them: a 32 MiB
+    frame holds millions of six-byte partitions).
 
     Bytes after the body are allowed, as the decoder ignores them."""
     check_header, check_body = _checkers(request_cls, header_cls)
     n = len(frame)
-    offset = check_header(frame, 0, n)
-    check_body(frame, offset, n)
+    items = [n if max_items is None else max_items]
+    offset = check_header(frame, 0, n, items)
+    check_body(frame, offset, n, items)

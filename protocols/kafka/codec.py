@@ -112,8 +112,9 @@ def _writer(cls: type[Any]) -> Callable[[io.BytesIO, Any], None]:
     return writer
 
 
-def decode_request(frame: bytes) -> Request:
-    """Decode one request frame (without its size prefix).
+def decode_request(frame: bytes, max_items: int | None = None) -> Request:
+    """Decode one request frame (without its size prefix), with at most ``max_items``
+    array items in all (topics, partitions, ...; unbounded when ``None``).
 
     Raises :class:`UnsupportedVersion` for an API or version outside
     :data:`~protocols.kafka.versions.SUPPORTED`, :class:`BadRequest` for bytes that do
@@ -129,7 +130,7 @@ def decode_request(frame: bytes) -> Request:
     try:
         # Before the native reader, which would abort the process on a count that
         # claims more items than the frame could hold (see protocols/kafka/bounds.py).
-        check_request(frame, request_cls, header_cls)
+        check_request(frame, request_cls, header_cls, max_items)
         header, offset = _reader(header_cls)(frame, 0)
         body, _ = _reader(request_cls)(frame, offset)
     except (KeyboardInterrupt, SystemExit):

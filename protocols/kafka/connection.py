@@ -4,6 +4,13 @@ Kafka answers a connection's requests in the order they came, so they are handle
 at a time; a client pipelines by sending more before the answers arrive. A request we
 cannot decode closes the connection (as Kafka does); an API version we do not serve
 gets UNSUPPORTED_VERSION where the response shape is known.
+
+A peer is not trusted with the server's memory or time: a frame, once begun, must
+arrive whole within ``limits.frame_timeout_ms``; its declared size is reserved from the
+gateway's frame budget before its body is read (and given back once it is handled);
+before SASL completes only the 12 bytes of size and request prefix are read before the
+state check, frames are capped at ``limits.max_unauthenticated_frame_bytes``, and only
+ApiVersions, SaslHandshake and SaslAuthenticate are accepted.
 """
 
 from __future__ import annotations
@@ -41,6 +48,9 @@ log = logging.getLogger(__name__)
 # time (DEBUG), to diagnose client stalls from the server's side.
 trace = logging.getLogger(__name__ + ".trace")
 
+# api key, api version, correlation id: what is read before the auth state is checked.
+_PREFIX_SIZE = 8
+
 # Before SASL completes, a connection may do nothing in storage.
 _NOBODY = Principal(name="", namespaces=frozenset(), default_namespace="default")
 
@@ -50,6 +60,10 @@ def _advertised(writer: asyncio.StreamWriter) -> tuple[str, int]:
     if isinstance(sockname, tuple) and len(sockname) >= 2:
         return str(sockname[0]), int(sockname[1])
     return "127.0.0.1", 9092
+
+
+class _Refused(Exception):
+    """A frame the connection closes on before reading its body (logged as one line)."""
 
 
 async def serve_connection(
@@ -66,29 +80,84 @@ async def serve_connection(
         if open_mode
         else caller_for(_NOBODY, connection_id, None),
     )
-    if open_mode and connection_id is not None and broker.connections.get(connection_id):
-        session.authenticated(ANONYMOUS)  # counted in the default namespace from the start
     peer = writer.get_extra_info("peername")
     session.peer = f"/{peer[0]}" if isinstance(peer, tuple) else ""
+    loop = asyncio.get_running_loop()
+    identified = not open_mode  # with SASL, the SaslAuthenticate handler identifies
     while True:
         try:
-            prefix = await reader.readexactly(4)
-            size = frame_size(prefix)
-            if size < 8 or size > broker.max_frame_bytes:
-                log.info("kafka: closing %s: frame of %d bytes", session.peer, size)
-                return
-            frame = await reader.readexactly(size)
+            size, prefix, deadline = await _read_head(session, reader)
         except asyncio.IncompleteReadError:
             return
-        started = time.monotonic()
-        response = await _answer(session, frame)
+        except _Refused as e:
+            log.info("kafka: closing %s: %s", session.peer or "a connection", e)
+            return
+        asked = loop.time()
+        async with broker.frame_budget.reserve(size):
+            # Time spent waiting for the budget is ours, not the peer's.
+            deadline += loop.time() - asked
+            try:
+                async with asyncio.timeout_at(deadline):
+                    rest = await reader.readexactly(size - len(prefix))
+            except asyncio.IncompleteReadError:
+                return
+            except TimeoutError:
+                log.info("kafka: closing %s: %s", session.peer, _slow(broker))
+                return
+            frame = prefix + rest
+            del rest
+            if not identified:
+                # Open mode: a whole first request ends the handshake deadline and
+                # counts the connection in the default namespace.
+                identified = True
+                session.authenticated(ANONYMOUS)
+            started = time.monotonic()
+            response = await _answer(session, frame)
         if trace.isEnabledFor(logging.DEBUG):
             _trace(session, frame, started, response)
+        del frame
         if response is not None:
             writer.write(response)
             await writer.drain()
         if session.closing:
             return
+
+
+def _slow(broker: Broker) -> str:
+    return f"frame not complete within {broker.limits.frame_timeout_ms} ms"
+
+
+async def _read_head(session: Session, reader: asyncio.StreamReader) -> tuple[int, bytes, float]:
+    """A frame's size and its first 8 bytes (api key, version, correlation id), and the
+    deadline for the rest; raises :class:`_Refused` for a frame not to be read further.
+
+    Only these 12 bytes are read before the checks that depend on the connection's
+    state, so an unauthenticated peer can make us hold no more than
+    ``max_unauthenticated_frame_bytes``, and never makes us decode anything."""
+    broker = session.broker
+    limits = broker.limits
+    try:
+        async with asyncio.timeout(broker.idle_timeout_s):
+            first = await reader.readexactly(1)
+    except TimeoutError:
+        raise _Refused(f"no request for {broker.idle_timeout_s:.0f} s") from None
+    deadline = asyncio.get_running_loop().time() + limits.frame_timeout_ms / 1000
+    authenticated = session.state is AuthState.AUTHENTICATED
+    try:
+        async with asyncio.timeout_at(deadline):
+            size = frame_size(first + await reader.readexactly(3))
+            if size < _PREFIX_SIZE or size > limits.max_frame_bytes:
+                raise _Refused(f"frame of {size} bytes")
+            if not authenticated and size > limits.max_unauthenticated_frame_bytes:
+                raise _Refused(f"frame of {size} bytes before authentication")
+            prefix = await reader.readexactly(_PREFIX_SIZE)
+    except TimeoutError:
+        raise _Refused(_slow(broker)) from None
+    allowed = ALLOWED[session.state]
+    api_key = int.from_bytes(prefix[:2], "big", signed=True)
+    if allowed is not None and api_key not in allowed:
+        raise _Refused(f"API {api_key} before authentication")
+    return size, prefix, deadline
 
 
 def _trace(session: Session, frame: bytes, started: float, response: bytes | None) -> None:
@@ -108,20 +177,15 @@ def _trace(session: Session, frame: bytes, started: float, response: bytes | Non
 
 async def _answer(session: Session, frame: bytes) -> bytes | None:
     try:
-        request = decode_request(frame)
+        request = decode_request(frame, session.broker.max_request_items)
     except UnsupportedVersion as e:
         return _unsupported(session, e)
     except BadRequest as e:
-        log.info("kafka: closing a connection after a bad request: %s", e)
+        log.info("kafka: closing %s after a bad request: %s", session.peer, e)
         session.closing = True
         return None
     if session.client_id is None and request.client_id:
         session.client_id = request.client_id
-    allowed = ALLOWED[session.state]
-    if allowed is not None and request.api_key not in allowed:
-        log.info("kafka: API %d before authentication; closing", request.api_key)
-        session.closing = True
-        return None
     body = await HANDLERS[request.api_key](session, request.body, request.api_version)
     if body is None:
         return None

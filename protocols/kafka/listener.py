@@ -28,6 +28,8 @@ class KafkaListener(TcpListener):
             handler=handle,
             connections=context.connections,
             protocol="kafka",
+            # Open mode: the first whole request; SASL: a successful authentication.
+            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
         )
 
     async def stop(self) -> None:

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.accounts import ANONYMOUS, Accounts, Principal
+from gateway.config import LimitsConfig
 from gateway.connections import ConnectionRegistry
 from gateway.directory import GatewayDirectory, GatewayEndpoint
+from gateway.fairness import FrameBudget
 from gateway.listeners import ListenerContext
 from gateway.processor import Caller, Processor
 from protocols.kafka._state import AuthState
@@ -25,6 +27,10 @@ from storage.model import QueueRef
 __all__ = ["Broker", "Session"]
 
 PROTOCOL = "kafka"
+IDLE_TIMEOUT_S = 600.0
+# A request may nest topics over partitions: room for the partitions' topics (and
+# answering max_batch_items + 1 partitions with an error) before decoding refuses.
+ITEMS_PER_BATCH_ITEM = 10
 
 
 class Broker:
@@ -37,7 +43,17 @@ class Broker:
         self.connections: ConnectionRegistry = context.connections
         self.directory: GatewayDirectory = context.directory
         self.config = context.config.kafka
-        self.max_frame_bytes = context.config.limits.max_frame_bytes
+        self.limits: LimitsConfig = context.config.limits
+        # Shared with every listener: bytes of request frames being read or handled.
+        self.frame_budget: FrameBudget = context.frame_budget
+        # Kafka's connections.max.idle.ms (10 minutes): an idle socket holds a slot of
+        # max_connections for at most this long. An attribute, so tests can shorten it.
+        self.idle_timeout_s: float = IDLE_TIMEOUT_S
+        # Array items (topics, partitions, ...) one request may carry in all before it
+        # is not even decoded: the handlers refuse more than max_batch_items partitions
+        # with Kafka's per-partition error; this bounds the decoding time behind that
+        # (about 0.3 us an item, so some 30 ms at the default).
+        self.max_request_items = ITEMS_PER_BATCH_ITEM * self.limits.max_batch_items
         # SCRAM needs the password itself to derive the server's keys.
         self.passwords: dict[str, str] = {
             a.user: a.password for a in context.config.auth.accounts if a.password is not None

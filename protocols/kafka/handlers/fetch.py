@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
+from gateway.fairness import cooperatively
 from protocols.kafka.codec import ms
 from protocols.kafka.errors import error_code
 from protocols.kafka.records import (
@@ -41,6 +43,8 @@ __all__ = [
     "offset_for_leader_epoch",
     "to_wire",
 ]
+
+log = logging.getLogger(__name__)
 
 _EARLIEST = -2
 _LATEST = -1
@@ -159,12 +163,17 @@ async def _read(session: Session, part: _Partition, wait_ms: int) -> None:
 
 async def _wait_for_any(session: Session, parts: list[_Partition], wait_ms: int) -> None:
     """Long poll: return once any partition has data, or after ``wait_ms``."""
-    tasks = [asyncio.ensure_future(_read(session, p, wait_ms)) for p in parts]
+    tasks: dict[asyncio.Future[None], _Partition] = {}
     try:
+        # A task's first step runs in the loop iteration after its creation: created
+        # in slices, thousands of them do not all run in one iteration.
+        async for p in cooperatively(parts):
+            tasks[asyncio.ensure_future(_read(session, p, wait_ms))] = p
         pending = set(tasks)
         while pending:
-            _, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            if any(p.records or p.error is not ErrorCode.none for p in parts):
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            # Only the partitions just read can have changed (not all of them again).
+            if any(tasks[t].records or tasks[t].error is not ErrorCode.none for t in done):
                 break
     finally:
         for task in tasks:
@@ -175,6 +184,10 @@ async def _wait_for_any(session: Session, parts: list[_Partition], wait_ms: int)
 
 
 async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
+    limit = session.broker.limits.max_batch_items
+    if sum(len(topic.partitions) for topic in request.topics) > limit:
+        log.info("kafka: refused a fetch of more than %d partitions from %s", limit, session.peer)
+        return _refused(request)
     parts = [
         _Partition(
             topic=topic.topic,
@@ -187,7 +200,7 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
         for topic in request.topics
         for p in topic.partitions
     ]
-    for part in parts:
+    async for part in cooperatively(parts):
         await _read(session, part, 0)
     total = sum(len(p.records) for p in parts)
     wait_ms = ms(request.max_wait)
@@ -199,6 +212,33 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
         "error_code": ErrorCode.none,
         "session_id": 0,
         "responses": _responses(parts, getattr(request, "max_bytes", 0x7FFFFFFF)),
+    }
+
+
+def _refused(request: Any) -> dict[str, Any]:
+    """INVALID_REQUEST for every partition of a fetch asking for too many."""
+    return {
+        "throttle_time": 0,
+        "error_code": ErrorCode.none,
+        "session_id": 0,
+        "responses": [
+            {
+                "topic": topic.topic,
+                "partitions": [
+                    {
+                        "partition_index": p.partition,
+                        "error_code": ErrorCode.invalid_request,
+                        "high_watermark": -1,
+                        "last_stable_offset": -1,
+                        "log_start_offset": -1,
+                        "preferred_read_replica": -1,
+                        "records": b"",
+                    }
+                    for p in topic.partitions
+                ],
+            }
+            for topic in request.topics
+        ],
     }
 
 

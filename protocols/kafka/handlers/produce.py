@@ -5,12 +5,14 @@ offsets. All batches of a request share one storage append (one group commit).""
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 from kio.schema.errors import ErrorCode
 
 from gateway.accounts import AuthError
+from gateway.fairness import cooperatively
 from protocols.kafka.errors import error_code
 from protocols.kafka.handlers.configs import compaction_of
 from protocols.kafka.handlers.transactions import end_transaction
@@ -27,6 +29,8 @@ from storage.errors import StorageError
 from storage.model import AppendRequest, BatchEntry, QueueRef
 
 __all__ = ["init_producer_id", "produce"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -74,30 +78,40 @@ def _dedup_key(queue: QueueRef, header: BatchHeader) -> str | None:
 async def produce(session: Session, request: Any, version: int) -> dict[str, Any] | None:
     if request.acks not in (-1, 0, 1):
         return _all_failed(request, ErrorCode.invalid_required_acks)
+    limit = session.broker.limits.max_batch_items
+    if sum(len(t.partition_data) for t in request.topic_data) > limit:
+        log.info("kafka: refused a produce of more than %d partitions from %s", limit, session.peer)
+        if request.acks == 0:
+            return None
+        message = f"more than {limit} partitions in one request"
+        return _all_failed(request, ErrorCode.invalid_request, message)
     producers = session.broker.producers
     pending: list[_Pending] = []
-    for topic in request.topic_data:
-        for data in topic.partition_data:
-            queue = session.queue(topic.name, data.index)
-            part = _Pending(topic.name, data.index, queue, [])
-            pending.append(part)
-            try:
-                part.batches = _split(data.records)
-            except CorruptBatch as e:
-                part.error, part.message = ErrorCode.corrupt_message, str(e)
-                continue
-            first = part.batches[0][0]
-            if first.producer_id >= 0 and first.base_sequence >= 0:
-                count = sum(h.record_count for h, _ in part.batches)
-                check = producers.check(
-                    first.producer_id, first.producer_epoch, queue, first.base_sequence, count
-                )
-                if check.verdict is Verdict.DUPLICATE:
-                    part.duplicate_offset = check.offset
-                elif check.verdict is Verdict.OUT_OF_ORDER:
-                    part.error = ErrorCode.out_of_order_sequence_number
-                elif check.verdict is Verdict.FENCED:
-                    part.error = ErrorCode.invalid_producer_epoch
+    # In slices: checking a partition's batches (CRC over its bytes) is pure CPU, and
+    # a request of thousands of partitions must not hold every other connection.
+    async for topic, data in cooperatively(
+        (t, d) for t in request.topic_data for d in t.partition_data
+    ):
+        queue = session.queue(topic.name, data.index)
+        part = _Pending(topic.name, data.index, queue, [])
+        pending.append(part)
+        try:
+            part.batches = _split(data.records)
+        except CorruptBatch as e:
+            part.error, part.message = ErrorCode.corrupt_message, str(e)
+            continue
+        first = part.batches[0][0]
+        if first.producer_id >= 0 and first.base_sequence >= 0:
+            count = sum(h.record_count for h, _ in part.batches)
+            check = producers.check(
+                first.producer_id, first.producer_epoch, queue, first.base_sequence, count
+            )
+            if check.verdict is Verdict.DUPLICATE:
+                part.duplicate_offset = check.offset
+            elif check.verdict is Verdict.OUT_OF_ORDER:
+                part.error = ErrorCode.out_of_order_sequence_number
+            elif check.verdict is Verdict.FENCED:
+                part.error = ErrorCode.invalid_producer_epoch
     requests: list[AppendRequest] = []
     owners: list[_Pending] = []
     for part in pending:
@@ -135,7 +149,7 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
 
 
 async def _poke_compactor(session: Session, pending: list[_Pending]) -> None:
-    for part in pending:
+    async for part in cooperatively(pending):
         if part.error is ErrorCode.none and part.batches:
             retention = await compaction_of(session, part.topic)
             if retention is not None:
@@ -168,9 +182,9 @@ async def _append(session: Session, requests: list[AppendRequest], owners: list[
             )
 
 
-def _all_failed(request: Any, error: ErrorCode) -> dict[str, Any]:
+def _all_failed(request: Any, error: ErrorCode, message: str | None = None) -> dict[str, Any]:
     parts = [
-        _Pending(t.name, d.index, QueueRef("", t.name, d.index), [], error)
+        _Pending(t.name, d.index, QueueRef("", t.name, d.index), [], error, message)
         for t in request.topic_data
         for d in t.partition_data
     ]
