@@ -17,6 +17,14 @@ first item is an empty extension value naming the type. Dict keys may be any of 
 The reader (:class:`FrameDecoder`) is fed bytes as they arrive and returns whole frames;
 anything it cannot make sense of raises :class:`CodecError`, on which the connection
 (and only it) is closed, since the stream can no longer be trusted.
+
+A storage node is a listener like any other, so decoding is bounded before anything is
+allocated: a frame's declared size is checked against the limit from its 4-byte prefix,
+before its body is buffered; inside a frame no string, binary, array or map may claim
+more items or bytes than the frame holds (each array or map item takes at least one
+byte, so a 5-byte header claiming 2^32 items is refused, not allocated), extension
+values must be empty, and arrays and maps nest at most :data:`MAX_NESTING` deep (in C,
+on msgpack's own stack: no Python recursion, whatever the depth sent).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import msgpack
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "MAX_NESTING",
     "Cancel",
     "CodecError",
     "Error",
@@ -49,6 +58,9 @@ __all__ = [
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 256 << 20  # above any append the engine accepts (16 MiB bodies)
+# msgpack's unpacker keeps its own stack of open containers, this deep (not settable):
+# deeper input fails with its StackError, a CodecError here. The model needs five.
+MAX_NESTING = 1024
 
 _REQUEST, _RESULT, _ERROR, _CANCEL = 0, 1, 2, 3
 _LENGTH = struct.Struct(">I")
@@ -172,8 +184,20 @@ def _pack(value: Any) -> bytes:
 
 
 def _unpack(data: bytes | memoryview) -> Any:
+    size = len(data)
     return msgpack.unpackb(
-        data, ext_hook=_ext_hook, list_hook=_list_hook, raw=False, strict_map_key=False
+        data,
+        ext_hook=_ext_hook,
+        list_hook=_list_hook,
+        raw=False,
+        strict_map_key=False,
+        # What one frame can hold at most; msgpack would derive the same from the
+        # input's size, but the bounds are part of the protocol, so they are said here.
+        max_str_len=size,
+        max_bin_len=size,
+        max_array_len=size,
+        max_map_len=size,
+        max_ext_len=0,
     )
 
 
@@ -189,7 +213,7 @@ def decode(data: bytes | memoryview) -> Any:
     except CodecError:
         raise
     except Exception as exc:  # msgpack raises a handful of unrelated types
-        raise CodecError(f"undecodable value: {exc}") from exc
+        raise CodecError(f"undecodable value: {exc or type(exc).__name__}") from exc
 
 
 # -- frames ----------------------------------------------------------------------------

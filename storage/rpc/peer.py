@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
@@ -319,6 +320,15 @@ class _ServerConnection(_FramedProtocol):
             answer = codec.encode_error(request.id, exc.code, str(exc), _extras(exc))
         except asyncio.CancelledError:
             raise  # cancelled by the client or by the connection's end: nobody to answer
+        except TypeError as exc:
+            if _binds(handler, request):  # a TypeError of the handler's own: our bug
+                log.exception("rpc: %s failed", request.method)
+                message = f"{request.method} failed: {exc!r}"
+                answer = codec.encode_error(request.id, StorageError.code, message)
+            else:  # the peer sent arguments the method does not take: its mistake
+                log.warning("rpc: %s from %s: bad arguments: %s", request.method, self.peer, exc)
+                message = f"bad arguments for {request.method}: {exc}"
+                answer = codec.encode_error(request.id, InvalidArgument.code, message)
         except Exception as exc:
             log.exception("rpc: %s failed", request.method)
             answer = codec.encode_error(
@@ -352,6 +362,18 @@ class _ServerConnection(_FramedProtocol):
         for task in tasks:
             task.cancel()
         return tasks
+
+
+def _binds(handler: Handler, request: codec.Request) -> bool:
+    """Whether the request's arguments fit the handler's signature. Asked only after a
+    ``TypeError``, so calls that bind cost nothing."""
+    try:
+        inspect.signature(handler).bind(*request.args, **request.kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to check against (a builtin): assume it binds
+        return True
+    return True
 
 
 async def _carry_on(started: Coroutine[Any, Any, None], awaited: Any) -> None:

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import struct
+import tracemalloc
 import types
 import typing
 from enum import StrEnum
+from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 import msgpack
@@ -17,8 +20,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nameserver import model as ns
+from storage import errors
 from storage import model as m
-from storage.rpc import codec
+from storage.rpc import RpcClient, RpcServer, codec
 
 # Every dataclass of both models: a new one that is not registered fails here.
 MODEL_TYPES: tuple[type, ...] = tuple(
@@ -210,3 +214,109 @@ def test_malformed_frames_raise_codec_error(data: bytes) -> None:
 def test_random_bytes_decode_or_fail_cleanly(data: bytes) -> None:
     with contextlib.suppress(codec.CodecError):
         codec.FrameDecoder(max_frame_bytes=1 << 16).feed(struct.pack(">I", len(data)) + data)
+
+
+# -- hostile input (issue 14): bounded before anything is allocated --------------------
+
+
+def test_an_oversized_frame_is_refused_from_its_prefix_alone() -> None:
+    """The 4-byte prefix is enough: the decoder does not wait for (nor buffer) a body
+    it would refuse."""
+    decoder = codec.FrameDecoder(max_frame_bytes=1 << 20)
+    with pytest.raises(codec.CodecError, match="exceeds"):
+        decoder.feed(struct.pack(">I", (1 << 20) + 1))
+    assert decoder.buffered == 4
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"\xdd\xff\xff\xff\xff",  # array of 2^32-1 items
+        b"\xdf\xff\xff\xff\xff",  # map of 2^32-1 pairs
+        b"\xdb\xff\xff\xff\xff",  # str of 4 GiB
+        b"\xc6\xff\xff\xff\xff",  # bin of 4 GiB
+        b"\xc9\x7f\xff\xff\xff\x10",  # ext of 2 GiB
+    ],
+    ids=["array", "map", "str", "bin", "ext"],
+)
+def test_declared_sizes_beyond_the_frame_are_refused_not_allocated(head: bytes) -> None:
+    # A request whose only argument claims more than the frame holds.
+    payload = b"\x95\x00\x01\xa1m\x91" + head + b"\x00" * 16 + b"\x80"
+    tracemalloc.start()
+    try:
+        with pytest.raises(codec.CodecError):
+            codec.FrameDecoder(max_frame_bytes=1 << 20).feed(
+                struct.pack(">I", len(payload)) + payload
+            )
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+
+
+def test_nesting_is_bounded_without_python_recursion() -> None:
+    deepest = b"\x91" * codec.MAX_NESTING + b"\x00"
+    value = codec.decode(deepest)
+    for _ in range(codec.MAX_NESTING):
+        value = value[0]
+    assert value == 0
+    # 100,000 levels in 100 KB: refused by msgpack's own stack, not a RecursionError
+    with pytest.raises(codec.CodecError):
+        codec.decode(b"\x91" * 100_000 + b"\x00")
+    payload = b"\x93\x01\x01" + b"\x91" * 100_000 + b"\x00"
+    with pytest.raises(codec.CodecError):
+        codec.FrameDecoder().feed(struct.pack(">I", len(payload)) + payload)
+
+
+def test_regression_inputs_of_the_fuzz_target_fail_cleanly() -> None:
+    """Every input the storage_rpc fuzz target was ever seeded or crashed with."""
+    root = Path(__file__).resolve().parents[1] / "fuzz"
+    files = [
+        path
+        for folder in (root / "corpus" / "storage_rpc", root / "regressions" / "storage_rpc")
+        if folder.is_dir()
+        for path in sorted(folder.iterdir())
+    ]
+    assert files
+    for path in files:
+        data = path.read_bytes()[1:]  # the target's first byte says where it splits
+        with contextlib.suppress(codec.CodecError):
+            codec.FrameDecoder(max_frame_bytes=1 << 20).feed(data)
+
+
+async def test_arguments_a_method_does_not_take_are_invalid_argument_in_one_log_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A peer's wrong arguments are its mistake: InvalidArgument, a one-line warning,
+    no traceback (a TypeError inside the handler stays a logged bug)."""
+
+    async def one(x: int) -> int:
+        return x
+
+    async def buggy(x: int) -> int:
+        raise TypeError("our own bug")
+
+    server = RpcServer({"one": one, "buggy": buggy})
+    await server.start()
+    client = RpcClient(*server.address)
+    try:
+        with caplog.at_level(logging.INFO, logger="storage.rpc.peer"):
+            with pytest.raises(errors.InvalidArgument, match="bad arguments for one"):
+                await client.call("one", 1, 2)
+            with pytest.raises(errors.InvalidArgument, match="bad arguments for one"):
+                await client.call("one", y=3)
+        records = [r for r in caplog.records if r.name == "storage.rpc.peer"]
+        assert len(records) == 2
+        assert all(r.levelno == logging.WARNING and r.exc_info is None for r in records)
+        caplog.clear()
+        with (
+            caplog.at_level(logging.INFO, logger="storage.rpc.peer"),
+            pytest.raises(errors.StorageError, match="our own bug") as raised,
+        ):
+            await client.call("buggy", 1)
+        assert not isinstance(raised.value, errors.InvalidArgument)
+        assert any(r.exc_info for r in caplog.records if r.name == "storage.rpc.peer")
+        assert await client.call("one", 5) == 5  # the connection stays
+    finally:
+        await client.close()
+        await server.close()
