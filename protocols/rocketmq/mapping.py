@@ -11,6 +11,7 @@ their model fields and back, every other user property travels as it is.
 from __future__ import annotations
 
 import hashlib
+import re
 import zlib
 from typing import Any
 
@@ -32,6 +33,11 @@ __all__ = [
 # Apache RocketMQ proxy limits (ProxyConfig: maxMessageGroupSize, maxUserPropertySize).
 MAX_MESSAGE_GROUP_LENGTH = 64
 MAX_USER_PROPERTIES = 128
+# Apache's broker keeps a message's properties (tag, keys, group, user properties) in
+# a string whose length is a 16-bit field: longer ones are refused.
+MAX_PROPERTIES_BYTES = 32767
+# The latest time a protobuf Timestamp may hold (9999-12-31T23:59:59Z).
+MAX_TIMESTAMP_MS = 253_402_300_799_999
 
 PB_MESSAGE_TYPES: dict[MessageType, int] = {
     MessageType.NORMAL: definition_pb2.NORMAL,
@@ -67,9 +73,51 @@ def message_type_of(pb: Any) -> MessageType:
     return MessageType.NORMAL
 
 
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
 def _check_text(value: str, what: str, code: int) -> None:
-    if not value.strip() or any(ord(c) < 0x20 or c == "\x7f" for c in value):
+    if not value.strip() or _CONTROL.search(value) is not None:
         raise RpcFailure(code, f"{what} {value!r} is blank or holds control characters")
+
+
+def _gunzip(body: bytes, max_body_bytes: int) -> bytes:
+    """The body inflated, but never past ``max_body_bytes``: a few MiB of gzip can
+    claim gigabytes, so the limit applies to what it inflates to, while inflating."""
+    inflater = zlib.decompressobj(wbits=31)
+    try:
+        plain = inflater.decompress(body, max_body_bytes + 1)
+    except zlib.error as e:
+        raise RpcFailure(Code.MESSAGE_CORRUPTED, f"gzip body does not decode: {e}") from e
+    if len(plain) > max_body_bytes:
+        raise RpcFailure(
+            Code.MESSAGE_BODY_TOO_LARGE,
+            f"gzip body inflates past the limit of {max_body_bytes} bytes",
+        )
+    if not inflater.eof:
+        raise RpcFailure(Code.MESSAGE_CORRUPTED, "gzip body is truncated")
+    return plain
+
+
+def _check_properties_size(pb: Any) -> None:
+    """Tag, keys, message group, born host and user properties together stay within
+    Apache's broker limit, checked before any of them is looked at one by one."""
+    if len(pb.user_properties) > MAX_USER_PROPERTIES:
+        raise RpcFailure(Code.MESSAGE_PROPERTIES_TOO_LARGE, "too many user properties")
+    props = pb.system_properties
+    size = (
+        len(props.tag)
+        + len(props.born_host)
+        + len(props.message_group)
+        + sum(map(len, props.keys))
+        + sum(len(name) + len(value) for name, value in pb.user_properties.items())
+    )
+    if size > MAX_PROPERTIES_BYTES:
+        raise RpcFailure(
+            Code.MESSAGE_PROPERTIES_TOO_LARGE,
+            f"tag, keys, group, born host and properties take {size} characters, "
+            f"over the limit of {MAX_PROPERTIES_BYTES}",
+        )
 
 
 def from_proto(
@@ -87,10 +135,8 @@ def from_proto(
             f"message body of {len(body)} bytes exceeds the limit of {max_body_bytes}",
         )
     if props.body_encoding == definition_pb2.GZIP:
-        try:
-            body = zlib.decompress(body, wbits=31)
-        except zlib.error as e:
-            raise RpcFailure(Code.MESSAGE_CORRUPTED, f"gzip body does not decode: {e}") from e
+        body = _gunzip(body, max_body_bytes)
+    _check_properties_size(pb)
     tag = props.tag if props.HasField("tag") else None
     if tag is not None:
         _check_text(tag, "tag", Code.ILLEGAL_MESSAGE_TAG)
@@ -113,13 +159,13 @@ def from_proto(
         delivery_ms = ts.seconds * 1000 + ts.nanos // 1_000_000
         if delivery_ms <= 0:
             raise RpcFailure(Code.ILLEGAL_DELIVERY_TIME, "delivery timestamp is not positive")
+        if delivery_ms > MAX_TIMESTAMP_MS:
+            raise RpcFailure(Code.ILLEGAL_DELIVERY_TIME, "delivery timestamp is past year 9999")
         if max_delay_ms is not None and delivery_ms - now_ms > max_delay_ms:
             raise RpcFailure(
                 Code.ILLEGAL_DELIVERY_TIME,
                 f"delivery timestamp is more than {max_delay_ms // 1000} s ahead",
             )
-    if len(pb.user_properties) > MAX_USER_PROPERTIES:
-        raise RpcFailure(Code.MESSAGE_PROPERTIES_TOO_LARGE, "too many user properties")
     fields: dict[str, str] = {}
     properties: list[tuple[str, bytes]] = []
     for name, value in sorted(pb.user_properties.items()):
@@ -133,6 +179,8 @@ def from_proto(
     if props.HasField("born_timestamp"):
         born = props.born_timestamp
         born_ms = born.seconds * 1000 + born.nanos // 1_000_000 or None
+        if born_ms is not None and not 0 < born_ms <= MAX_TIMESTAMP_MS:
+            raise RpcFailure(Code.BAD_REQUEST, f"born timestamp {born_ms} ms is out of range")
     correlation = fields.get(interop.CORRELATION_ID)
     return Message(
         body=body,

@@ -20,7 +20,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 
 from protocols.rocketmq.activities import ack, offsets, receive, route, send, telemetry, transaction
 from protocols.rocketmq.runtime import Runtime
-from protocols.rocketmq.status import Malformed, RpcFailure, status_for
+from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, status_for
 
 __all__ = ["SERVICE_NAME", "messaging_service"]
 
@@ -78,26 +78,33 @@ def _deserializer(message_class: Any) -> Callable[[bytes], Any]:
     return parse
 
 
-def _unary(rt: Runtime, activity: Unary, response: Any) -> Callable[[Any, Any], Awaitable[Any]]:
+def _refused(name: str, context: Any, answer: Any) -> Any:
+    log_refusal(name, context.peer(), answer)
+    return answer
+
+
+def _unary(
+    rt: Runtime, name: str, activity: Unary, response: Any
+) -> Callable[[Any, Any], Awaitable[Any]]:
     async def handle(request: Any, context: Any) -> Any:
         if isinstance(request, Malformed):
-            return response(status=request.status())
+            return response(status=_refused(name, context, request.status()))
         try:
             return await activity(rt, request, context)
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            return response(status=status_for(e))
+            return response(status=_refused(name, context, status_for(e)))
 
     return handle
 
 
 def _streaming(
-    rt: Runtime, activity: Streaming, response: Any
+    rt: Runtime, name: str, activity: Streaming, response: Any
 ) -> Callable[[Any, Any], AsyncIterator[Any]]:
     async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
         if isinstance(request, Malformed):
-            yield response(status=request.status())
+            yield response(status=_refused(name, context, request.status()))
             return
         try:
             async for item in activity(rt, request, context):
@@ -105,7 +112,7 @@ def _streaming(
         except asyncio.CancelledError:
             raise
         except Exception as e:
-            yield response(status=status_for(e))
+            yield response(status=_refused(name, context, status_for(e)))
 
     return handle
 
@@ -119,7 +126,7 @@ def messaging_service(rt: Runtime) -> Any:
         if name in _UNARY:
             activity, response = _UNARY[name]
             handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _unary(rt, activity, response),
+                _unary(rt, name, activity, response),
                 request_deserializer=parse,
                 response_serializer=response.SerializeToString,
             )
@@ -131,7 +138,7 @@ def messaging_service(rt: Runtime) -> Any:
                 else grpc.unary_stream_rpc_method_handler
             )
             handlers[name] = build(
-                _streaming(rt, streaming, response),
+                _streaming(rt, name, streaming, response),
                 request_deserializer=parse,
                 response_serializer=response.SerializeToString,
             )

@@ -33,6 +33,7 @@ SIMPLE_CONSUMER = 3
 class ClientSession:
     client_id: str
     caller: Caller
+    peer: str = ""
     connection_id: int | None = None
     client_type: int = 0
     group: str | None = None
@@ -72,7 +73,7 @@ class Sessions:
         old = self._by_client.pop(client_id, None)
         if old is not None:
             self._release(old)
-        session = ClientSession(client_id=client_id, caller=caller)
+        session = ClientSession(client_id=client_id, caller=caller, peer=peer)
 
         async def close() -> None:
             session.end()

@@ -16,7 +16,7 @@ from rocketmq.grpc_protocol import Code, definition_pb2
 from gateway.accounts import AccessDenied, AuthenticationFailed, AuthError
 from storage import errors
 
-__all__ = ["Code", "Malformed", "RpcFailure", "ok", "status", "status_for"]
+__all__ = ["Code", "Malformed", "RpcFailure", "log_refusal", "ok", "status", "status_for"]
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +58,33 @@ _STORAGE_CODES: dict[type[errors.StorageError], int] = {
     errors.StorageClosed: Code.INTERNAL_SERVER_ERROR,
     errors.StorageFailed: Code.INTERNAL_SERVER_ERROR,
 }
+
+
+# Refusals of requests no well-behaved client sends: one line each, so an operator sees
+# who sends them; the everyday ones (not found, expired receipt) are not logged.
+_LOGGED = frozenset(
+    {
+        Code.BAD_REQUEST,
+        Code.PAYLOAD_TOO_LARGE,
+        Code.MESSAGE_BODY_TOO_LARGE,
+        Code.MESSAGE_PROPERTIES_TOO_LARGE,
+        Code.MESSAGE_CORRUPTED,
+        Code.ILLEGAL_FILTER_EXPRESSION,
+        Code.ILLEGAL_ACCESS_POINT,
+    }
+)
+
+
+def log_refusal(method: str, peer: str, answer: Any) -> None:
+    """One log line for a refused hostile or malformed request (no traceback)."""
+    if answer.code in _LOGGED:
+        log.info(
+            "rocketmq: %s from %s refused with %s: %.200s",
+            method,
+            peer,
+            Code.Name(answer.code),
+            answer.message,
+        )
 
 
 def status(code: int, message: str = "") -> Any:

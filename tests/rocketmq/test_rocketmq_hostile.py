@@ -4,6 +4,8 @@ stored, and filters nested past the limit are refused before they can recurse.""
 
 from __future__ import annotations
 
+import gzip
+import logging
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -146,3 +148,82 @@ def test_deeply_nested_filter_is_refused(server: LiveServer) -> None:
     assert answers[0].status.code == Code.OK
     [got] = [a.message for a in answers if a.HasField("message")]
     assert got.body == b"kept"
+
+
+def _send_one(stub: Any, message: Any) -> Any:
+    request = service_pb2.SendMessageRequest(messages=[message])
+    return stub.SendMessage(request, metadata=signed(), timeout=30)
+
+
+def test_bad_values_get_a_status_and_no_traceback(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Each value once answered INTERNAL_ERROR (with a traceback), was stored past what
+    a consumer can read, or inflated without bound; each now gets a code of its own
+    and one log line, and the topic stays whole."""
+    caplog.set_level(logging.INFO)
+    topic = unique("t")
+    resource = definition_pb2.Resource
+    with raw_stub(server) as stub:
+        assert _send_one(stub, raw_message(topic, b"first")).status.code == Code.OK
+        born = raw_message(topic)
+        born.system_properties.born_timestamp.seconds = 2**62
+        assert _send_one(stub, born).status.code == Code.BAD_REQUEST
+        oversized = {
+            "tag": raw_message(topic, tag="t" * (8 << 20)),
+            "keys": raw_message(topic),
+            "property": raw_message(topic),
+        }
+        oversized["keys"].system_properties.keys.extend(["k"] * 200_000)
+        oversized["property"].user_properties["p"] = "v" * (1 << 20)
+        for what, message in oversized.items():
+            answer = _send_one(stub, message)
+            assert answer.status.code == Code.MESSAGE_PROPERTIES_TOO_LARGE, what
+        bomb = raw_message(topic, gzip.compress(bytes(64 << 20)))  # 64 KiB inflating to 64 MiB
+        bomb.system_properties.body_encoding = definition_pb2.GZIP
+        answer = _send_one(stub, bomb)
+        assert answer.status.code == Code.MESSAGE_BODY_TOO_LARGE
+        assert "inflates" in answer.status.message
+        zipped = raw_message(topic, gzip.compress(b"second"))
+        zipped.system_properties.body_encoding = definition_pb2.GZIP
+        assert _send_one(stub, zipped).status.code == Code.OK
+
+        endpoints = definition_pb2.Endpoints(scheme=definition_pb2.IPv4)
+        for i in range(50_000):  # echoed in each of the route's queues
+            endpoints.addresses.add(host=f"h{i}", port=i)
+        route = stub.QueryRoute(
+            service_pb2.QueryRouteRequest(topic=resource(name=topic), endpoints=endpoints),
+            metadata=signed(),
+        )
+        assert route.status.code == Code.ILLEGAL_ACCESS_POINT
+        assert not route.message_queues
+        query = service_pb2.QueryOffsetRequest(
+            message_queue=definition_pb2.MessageQueue(topic=resource(name=topic), id=0),
+            query_offset_policy=definition_pb2.TIMESTAMP,
+        )
+        query.timestamp.seconds = 2**62
+        assert stub.QueryOffset(query, metadata=signed()).status.code == Code.BAD_REQUEST
+        ack = service_pb2.AckMessageRequest(
+            group=resource(name="g"),
+            topic=resource(name=topic),
+            entries=[
+                service_pb2.AckMessageEntry(receipt_handle=f"r{i}") for i in range(_BATCH_LIMIT + 1)
+            ],
+        )
+        assert stub.AckMessage(ack, metadata=signed()).status.code == Code.PAYLOAD_TOO_LARGE
+        settings = definition_pb2.Settings(client_type=definition_pb2.PRODUCER)
+        settings.publishing.topics.extend(resource(name=f"p{i}") for i in range(_BATCH_LIMIT + 1))
+        stream = stub.Telemetry(
+            iter([service_pb2.TelemetryCommand(settings=settings)]),
+            metadata=signed(client_id=unique("c")),
+            timeout=30,
+        )
+        assert next(stream).status.code == Code.PAYLOAD_TOO_LARGE  # on the stream
+        stream.cancel()
+
+        answers = _receive(stub, topic, unique("g"), "TRUE")
+    assert {a.message.body for a in answers if a.HasField("message")} == {b"first", b"second"}
+    assert not [r for r in caplog.records if r.exc_info or r.levelno >= logging.ERROR]
+    assert not [r for r in caplog.records if "index gap" in r.getMessage()]  # storage intact
+    refusals = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert len(refusals) == 9, [r.getMessage() for r in refusals]

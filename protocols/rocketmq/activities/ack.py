@@ -7,6 +7,8 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
+from gateway.fairness import SLICE, pause
+from gateway.processor import Caller
 from protocols.rocketmq.activities.receive import duration_ms
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.status import RpcFailure, ok, status
@@ -16,17 +18,8 @@ __all__ = ["ack_message", "change_invisible_duration", "forward_to_dead_letter_q
 _ERROR_CODES = {"invalid_receipt": Code.INVALID_RECEIPT_HANDLE}
 
 
-async def ack_message(rt: Runtime, request: Any, context: Any) -> Any:
-    """Acks the entries with one durable write; each entry gets its own status and
-    the response MULTIPLE_RESULTS when they differ (Apache's rule)."""
-    caller = rt.caller(context, request.group.resource_namespace)
-    await rt.check_group(caller, request.group.name)
-    if not request.entries:
-        raise RpcFailure(Code.BAD_REQUEST, "no entry to ack")
-    group = request.group.name
-    held = [entry.receipt_handle for entry in request.entries]
-    if any(not r for r in held):
-        raise RpcFailure(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+async def _ack_slice(rt: Runtime, caller: Caller, group: str, held: list[str]) -> list[Any]:
+    """Acks one slice with one durable write; the errors (``None``: acked), in order."""
     receipts = [rt.renewer.current(caller, group, r) for r in held]
     errors = await rt.processor.ack_many(caller, group, receipts)
     # A renewal may have replaced a receipt while the ack was on its way: ack the new one.
@@ -41,6 +34,31 @@ async def ack_message(rt: Runtime, request: Any, context: Any) -> Any:
             errors[i] = error
     for receipt in held:
         rt.renewer.release(caller, group, receipt)
+    return list(errors)
+
+
+async def ack_message(rt: Runtime, request: Any, context: Any) -> Any:
+    """Acks the entries a slice at a time (one durable write each, the loop handed back
+    between them); each entry gets its own status and the response MULTIPLE_RESULTS
+    when they differ (Apache's rule)."""
+    caller = rt.caller(context, request.group.resource_namespace)
+    await rt.check_group(caller, request.group.name)
+    count = len(request.entries)
+    if not count:
+        raise RpcFailure(Code.BAD_REQUEST, "no entry to ack")
+    limit = rt.config.limits.max_batch_items
+    if count > limit:
+        raise RpcFailure(
+            Code.PAYLOAD_TOO_LARGE, f"an ack carries at most {limit} entries, got {count}"
+        )
+    group = request.group.name
+    held = [entry.receipt_handle for entry in request.entries]
+    if any(not r for r in held):
+        raise RpcFailure(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
+    errors: list[Any] = []
+    for start in range(0, count, SLICE):
+        errors += await _ack_slice(rt, caller, group, held[start : start + SLICE])
+        await pause()
     results = []
     for entry, error in zip(request.entries, errors, strict=True):
         entry_status = (

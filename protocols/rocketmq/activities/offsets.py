@@ -91,9 +91,11 @@ async def query_offset(rt: Runtime, request: Any, context: Any) -> Any:
     if policy == definition_pb2.TIMESTAMP:
         if not request.HasField("timestamp"):
             raise RpcFailure(Code.BAD_REQUEST, "TIMESTAMP policy needs a timestamp")
-        offset = await rt.processor.offset_for_timestamp(
-            caller, queue, request.timestamp.ToMilliseconds()
-        )
+        try:
+            timestamp_ms = request.timestamp.ToMilliseconds()
+        except ValueError as e:  # outside years 1..9999
+            raise RpcFailure(Code.BAD_REQUEST, f"timestamp is out of range: {e}") from e
+        offset = await rt.processor.offset_for_timestamp(caller, queue, timestamp_ms)
     else:
         bounds = await rt.processor.queue_offsets(caller, queue)
         offset = bounds.earliest if policy == definition_pb2.BEGINNING else bounds.latest

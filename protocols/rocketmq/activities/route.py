@@ -36,10 +36,25 @@ def _scheme(host: str) -> int:
     return int(definition_pb2.IPv4 if version == 4 else definition_pb2.IPv6)
 
 
+# The endpoints a client says it reached us through are echoed in every queue of the
+# route: a few addresses of a few bytes each, never a peer-sized amplification.
+MAX_REQUESTED_ADDRESSES = 16
+MAX_REQUESTED_ENDPOINTS_BYTES = 4096
+
+
 class _Gateways:
     """The live gateways as route entries for one request."""
 
     def __init__(self, rt: Runtime, requested: Any) -> None:
+        if requested is not None and (
+            len(requested.addresses) > MAX_REQUESTED_ADDRESSES
+            or requested.ByteSize() > MAX_REQUESTED_ENDPOINTS_BYTES
+        ):
+            raise RpcFailure(
+                Code.ILLEGAL_ACCESS_POINT,
+                f"endpoints name more than {MAX_REQUESTED_ADDRESSES} addresses "
+                f"or {MAX_REQUESTED_ENDPOINTS_BYTES} bytes",
+            )
         self._rt = rt
         self._requested = requested
         listed = rt.directory.endpoints(PROTOCOL) if rt.directory is not None else ()

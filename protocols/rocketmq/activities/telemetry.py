@@ -18,10 +18,12 @@ from typing import Any
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
 from gateway.connections import TooManyConnections
+from gateway.fairness import cooperatively
 from gateway.processor import Caller
+from protocols.rocketmq.filters import Filter
 from protocols.rocketmq.runtime import Runtime
 from protocols.rocketmq.sessions import ClientSession
-from protocols.rocketmq.status import Malformed, RpcFailure, ok, status_for
+from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, ok, status_for
 
 __all__ = [
     "ask_client",
@@ -86,32 +88,45 @@ async def server_settings(rt: Runtime, caller: Caller, client: Any) -> Any:
 
 
 async def _on_settings(rt: Runtime, session: ClientSession, client: Any) -> Any:
-    session.client_type = client.client_type
+    """A client's settings; at most ``limits.max_batch_items`` topics or subscriptions
+    (PAYLOAD_TOO_LARGE), and the loop is handed back after each SQL92 filter parsed
+    (a long one takes milliseconds)."""
     kind = client.WhichOneof("pub_sub")
+    limit = rt.config.limits.max_batch_items
+    if kind == "publishing" and len(client.publishing.topics) > limit:
+        raise RpcFailure(Code.PAYLOAD_TOO_LARGE, f"a producer may declare at most {limit} topics")
+    if kind == "subscription" and len(client.subscription.subscriptions) > limit:
+        raise RpcFailure(Code.PAYLOAD_TOO_LARGE, f"a consumer may subscribe at most {limit} topics")
+    session.client_type = client.client_type
     if kind == "publishing":
         session.topics = {t.name for t in client.publishing.topics}
     elif kind == "subscription":
         session.group = client.subscription.group.name or None
         if session.group is not None:
             await rt.check_group(session.caller, session.group)
-        session.subscriptions = {
-            entry.topic.name: rt.filter(entry.expression.type, entry.expression.expression)
-            for entry in client.subscription.subscriptions
-        }
+        subscriptions: dict[str, Filter] = {}
+        async for entry in cooperatively(client.subscription.subscriptions, every=1):
+            expression = entry.expression
+            subscriptions[entry.topic.name] = rt.filter(expression.type, expression.expression)
+        session.subscriptions = subscriptions
     settings = await server_settings(rt, session.caller, client)
     return service_pb2.TelemetryCommand(status=ok(), settings=settings)
 
 
 async def _on_command(rt: Runtime, session: ClientSession, command: Any) -> None:
     if isinstance(command, Malformed):
-        session.send(service_pb2.TelemetryCommand(status=command.status()))
+        refused = command.status()
+        log_refusal("Telemetry", session.peer, refused)
+        session.send(service_pb2.TelemetryCommand(status=refused))
         return
     kind = command.WhichOneof("command")
     if kind == "settings":
         try:
             answer = await _on_settings(rt, session, command.settings)
         except Exception as e:  # answered on the stream, which stays open
-            answer = service_pb2.TelemetryCommand(status=status_for(e))
+            refused = status_for(e)
+            log_refusal("Telemetry", session.peer, refused)
+            answer = service_pb2.TelemetryCommand(status=refused)
         session.send(answer)
     elif kind in ("thread_stack_trace", "verify_message_result", "verify_message_command"):
         # replies to our diagnostics; the node client echoes the verify command back
