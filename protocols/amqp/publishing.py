@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Final
 
 from pamqp import commands
 
+from gateway.fairness import cooperatively
 from protocols import interop
 from protocols.amqp import errors
 from protocols.amqp.codec import ContentHeaderFrame, content_frames, method_frame
@@ -165,7 +166,9 @@ class Publisher:
         targets: list[QueueRef] = []
         reached: list[QueueDef] = []
         overflowed: list[QueueDef] = []  # reject-publish-dlx: dead-lettered, not stored
-        for name in names:
+        # A fanout or topic exchange may reach thousands of queues: hand the loop
+        # back every slice of them.
+        async for name in cooperatively(names):
             queue = vhost.queues[name]
             limit = queue.int_argument("x-max-length")
             if limit is not None:
