@@ -47,6 +47,11 @@ _FIXED: dict[str, int] = {
 }
 _VARIABLE = frozenset({"string", "bytes", "records"})
 
+_COUNTED = [
+    "c[0] -= C",
+    "if c[0] < 0: raise Malformed('more array items than a request may carry')",
+]
+
 _I16 = struct.Struct(">h")
 _I32 = struct.Struct(">i")
 
@@ -288,11 +293,6 @@ class _Compiler:
             size = 4
         if not nullable:
             lines.append(f"if C == -1: raise _null({where!r})")
-        lines += [
-            "if C > 0:",
-            "    c[0] -= C",
-            "    if c[0] < 0: raise Malformed('more array items than a request may carry')",
-        ]
         item_nullable = _nullable(item)
         item = _strip_none(item)
         kind = f.metadata.get("kafka_type")
@@ -301,6 +301,8 @@ class _Compiler:
             smallest = max(self.minimum[(item, False)], 1)
             lines += [
                 f"if C > (n - o) // {smallest}: raise _short('{where}: ' + str(C) + ' items')",
+                "if C > 0:",
+                *("    " + line for line in _COUNTED),
                 "for _ in range(C):",
                 f"    o = {inner}(b, o, n, c)",
             ]
@@ -309,12 +311,15 @@ class _Compiler:
                 "if C > 0:",
                 f"    o += C * {_FIXED[kind]}",
                 f"    if o > n: raise _short('{where}: ' + str(C) + ' items')",
+                *("    " + line for line in _COUNTED),
             ]
         elif kind in _VARIABLE:
             smallest = 1 if flexible else (2 if kind == "string" else 4)
             body = self._variable(where, kind, flexible, item_nullable)
             lines += [
                 f"if C > (n - o) // {smallest}: raise _short('{where}: ' + str(C) + ' items')",
+                "if C > 0:",
+                *("    " + line for line in _COUNTED),
                 "for _ in range(C):",
                 *("    " + line for line in body),
             ]

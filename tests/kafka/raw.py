@@ -3,21 +3,27 @@ sends on purpose (bad bytes, unknown versions, corrupt batches)."""
 
 from __future__ import annotations
 
+import datetime
 import io
 import socket
 import struct
+import types
+import typing
+import uuid
+from dataclasses import fields, is_dataclass
 from typing import Any
 
 from crc32c import crc32c
 from kio.index import load_entity_schema
+from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from protocols.kafka.codec import build
+from protocols.kafka.codec import build, request_class
 from protocols.kafka.records import HEADER_SIZE, KafkaRecord, encode_batch
 
-__all__ = ["RawKafka", "batch_with_body"]
+__all__ = ["RawKafka", "batch_with_body", "encode_request", "sample_request"]
 
 
 class RawKafka:
@@ -39,23 +45,8 @@ class RawKafka:
 
     def frame(self, api_key: int, version: int, body: dict[str, Any]) -> bytes:
         """A request frame, size prefix included."""
-        name = api_key_map[api_key]
-        request_cls: Any = load_entity_schema(name, version, EntityType.request)
-        header_cls = request_cls.__header_schema__
         self._correlation += 1
-        header = build(
-            header_cls,
-            {
-                "request_api_key": api_key,
-                "request_api_version": version,
-                "correlation_id": self._correlation,
-                "client_id": "raw",
-            },
-        )
-        buffer = io.BytesIO()
-        entity_writer(header_cls)(buffer, header)
-        entity_writer(request_cls)(buffer, build(request_cls, body))
-        data = buffer.getvalue()
+        data = encode_request(api_key, version, body, self._correlation)
         return struct.pack(">i", len(data)) + data
 
     def read_frame(self) -> bytes | None:
@@ -108,3 +99,78 @@ def batch_with_body(codec: int, body: bytes, count: int) -> bytes:
     struct.pack_into(">i", out, 8, len(out) - 12)
     struct.pack_into(">I", out, 17, crc32c(bytes(out[21:])))
     return bytes(out)
+
+
+def encode_request(
+    api_key: int, version: int, body: dict[str, Any], correlation_id: int = 1
+) -> bytes:
+    """A request frame without its size: header (client id "raw") and ``body``."""
+    name = api_key_map[api_key]
+    request_cls: Any = load_entity_schema(name, version, EntityType.request)
+    header_cls = request_cls.__header_schema__
+    header = build(
+        header_cls,
+        {
+            "request_api_key": api_key,
+            "request_api_version": version,
+            "correlation_id": correlation_id,
+            "client_id": "raw",
+        },
+    )
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(buffer, header)
+    entity_writer(request_cls)(buffer, build(request_cls, body))
+    return buffer.getvalue()
+
+
+def sample_request(api_key: int, version: int, items: int = 2) -> bytes:
+    """A request frame (without its size) of ``api_key`` v``version`` with every field
+    set, tagged ones included, and ``items`` entries in every array: real frames for
+    mutation searches, covering every schema without writing each one by hand."""
+    cls: Any = request_class(api_key, version)
+    header_cls = cls.__header_schema__
+    header = build(
+        header_cls,
+        {
+            "request_api_key": api_key,
+            "request_api_version": version,
+            "correlation_id": 3,
+            "client_id": "fz",
+        },
+    )
+    buffer = io.BytesIO()
+    entity_writer(header_cls)(buffer, header)
+    entity_writer(cls)(buffer, build(cls, _sample_entity(cls, items)))
+    return buffer.getvalue()
+
+
+def _sample_entity(cls: Any, items: int) -> dict[str, Any]:
+    hints = typing.get_type_hints(cls)
+    return {
+        f.name: _sample(hints[f.name], f.metadata.get("kafka_type"), items) for f in fields(cls)
+    }
+
+
+def _sample(tp: Any, kind: str | None, items: int) -> Any:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        tp = next(a for a in typing.get_args(tp) if a is not type(None))
+    if typing.get_origin(tp) is tuple:
+        return [_sample(typing.get_args(tp)[0], kind, items) for _ in range(items)]
+    if is_dataclass(tp):
+        return _sample_entity(tp, items)
+    if kind == "records":
+        return encode_batch(0, [KafkaRecord(offset_delta=0, timestamp_ms=1, key=b"k", value=b"v")])
+    samples: list[tuple[type[Any], Any]] = [
+        (ErrorCode, ErrorCode.none),
+        (bool, True),
+        (int, 1),
+        (float, 1.5),
+        (str, "ab"),
+        (bytes, b"xy"),
+        (datetime.timedelta, 5),
+        (uuid.UUID, uuid.UUID(int=7)),
+    ]
+    for base, value in samples:
+        if isinstance(tp, type) and issubclass(tp, base):
+            return tp(value) if base is int else value
+    raise TypeError(f"no sample for {tp!r}")
