@@ -21,6 +21,7 @@ import contextlib
 import heapq
 import json
 import logging
+import struct
 from collections import OrderedDict
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -612,6 +613,13 @@ class Engine:
         """Reserve one message record; offsets are assigned now and become readable when
         it is durable. Synchronous: no other task runs between check and reserve."""
         assert self._ids is not None
+        # Encoded before any offset is reserved: a value the record format cannot hold
+        # (a timestamp past int64) must fail the append, not leave an index gap.
+        if encoded is None:
+            try:
+                encoded = rec.encode_entry(entry)
+            except (struct.error, OverflowError) as e:
+                raise InvalidArgument(f"message cannot be stored: {e}") from e
         now = self._now()
         if isinstance(entry, Message):
             first: Message | None = entry
@@ -643,7 +651,7 @@ class Engine:
             tag_hash=text_hash(first.tag) if first is not None else 0,
             dispatches=tuple(dispatches),
             aux=aux,
-            entry=encoded if encoded is not None else rec.encode_entry(entry),
+            entry=encoded,
         )
         payload = rec.encode_record(record)
         size = HEADER_SIZE + len(payload)

@@ -166,6 +166,17 @@ async def test_message_fields_round_trip(storage: Engine) -> None:
     assert stored.store_timestamp_ms == result.store_timestamp_ms
 
 
+async def test_unstorable_value_is_refused_before_any_offset(storage: Engine) -> None:
+    """A timestamp past int64 fails the append whole: the next message still gets
+    offset 0, with no index gap behind it."""
+    await storage.create_topic(NS, "t")
+    with pytest.raises(errors.InvalidArgument, match="cannot be stored"):
+        await put(storage, b"late", born_timestamp_ms=2**63)
+    [result] = await storage.append([AppendRequest(entry=Message(body=b"ok"), queues=(q(),))])
+    assert [p.offset for p in result.placements] == [0]
+    assert [m.message.body for m in (await storage.read(q(), 0)).messages] == [b"ok"]
+
+
 async def test_oversize_message_is_refused_and_changes_nothing(make_engine: EngineFactory) -> None:
     async with make_engine(max_message_bytes=1024) as storage:
         await storage.create_topic(NS, "t")
