@@ -200,7 +200,7 @@ def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
             raise FrameError(f"unknown method {index >> 16}.{index & 0xFFFF}")
         try:
             return decode_arguments(cls, payload, 4, max_depth)
-        except FieldError as e:
+        except (FieldError, struct.error, IndexError, ValueError, OverflowError) as e:
             raise FrameError(
                 f"cannot decode {cls.name}: {e}",
                 reply_code=_SYNTAX_ERROR,
@@ -213,7 +213,7 @@ def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
         class_id, _, body_size = _CONTENT_HEAD.unpack_from(payload)
         try:
             properties = decode_properties(payload, 12, max_depth)
-        except FieldError as e:
+        except (FieldError, struct.error, IndexError, ValueError, OverflowError) as e:
             raise FrameError(
                 f"cannot decode content header: {e}", reply_code=_SYNTAX_ERROR, class_id=class_id
             ) from e

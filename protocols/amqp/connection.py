@@ -298,6 +298,11 @@ class AmqpConnection:
                 except StorageError as e:
                     log.warning("amqp: storage failed under connection %s: %s", self.key, e)
                     self.fail(ConnectionError_(errors.INTERNAL_ERROR, str(e)))
+                except _Closed:
+                    raise
+                except Exception as e:  # our bug, not the peer's: say so, then close
+                    log.exception("amqp: handling a frame of connection %s failed", self.key)
+                    self.fail(ConnectionError_(errors.INTERNAL_ERROR, type(e).__name__))
                 if self._closing.is_set():
                     await self._await_close_ok()
                     return

@@ -147,7 +147,10 @@ def decode_table(data: bytes, pos: int, end: int, max_depth: int) -> tuple[Field
             pos += 4
             _need(data, pos, length, stop, "long string")
             raw = data[pos : pos + length]
-            value = _long_string(raw) if kind == _LONG_STRING else bytearray(raw)
+            # Not UTF-8: a bytearray, where pamqp gives bytes, which its own encoder
+            # then refuses (a TypeError when the properties are encoded again).
+            text = _long_string(raw) if kind == _LONG_STRING else raw
+            value = text if isinstance(text, str) else bytearray(text)
             pos += length
         elif kind in (_TABLE, _ARRAY):
             _need(data, pos, 4, stop, "nested size")

@@ -127,6 +127,15 @@ def test_nesting_at_the_limit_decodes_one_more_level_does_not() -> None:
             decode_table(deeper, 0, len(deeper), 64)
 
 
+def test_a_non_utf8_long_string_can_be_encoded_again() -> None:
+    """pamqp decodes it to bytes, which its encoder refuses: re-encoding properties
+    (direct reply-to, stream offsets, dead-lettering) would raise on such a header."""
+    table = struct.pack(">I", 8) + b"\x01kS" + struct.pack(">I", 1) + b"\xff"
+    decoded, _ = decode_table(table, 0, len(table), 64)
+    assert decoded == {"k": bytearray(b"\xff")}
+    assert encode.field_table(decoded)
+
+
 def test_nested_arguments_are_accepted(server: LiveServer) -> None:
     client = _opened(server)
     try:
