@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_DIR := tests/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench clean conformance-reference
+.PHONY: run test lint typecheck unit bench fuzz clean conformance-reference
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,14 @@ test: lint typecheck unit
 BENCH ?= storage
 bench: $(STAMP)
 	$(BIN)/python -m bench.$(BENCH) $(ARGS)
+
+# Coverage-guided fuzzing of every codec (docs/fuzzing.md): FUZZ_SECONDS per target, each
+# in its own subprocess; `make fuzz FUZZ_TARGETS="sql92 mqtt5"` for some. Not part of
+# `make test`, which runs only a 5-second fuzz per target (tests/fuzz/test_fuzz.py).
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS ?=
+fuzz: $(STAMP)
+	nice -n 10 $(BIN)/python -m tests.fuzz --seconds-per-target $(FUZZ_SECONDS) $(FUZZ_ARGS) $(FUZZ_TARGETS)
 
 # The AMQP and MQTT conformance cases against RabbitMQ and Mosquitto from Debian's
 # packages (installed if missing), beside polymq: reports in conformance-reports/.
