@@ -49,6 +49,8 @@ def build_app(context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> 
         max_message_bytes=context.config.http.max_message_bytes,
         max_date_skew_s=context.config.http.max_date_skew_s,
         connections=context.connections,
+        max_depth=context.config.limits.max_nesting_depth,
+        max_items=context.config.limits.max_batch_items,
     )
     metrics = GatewayMetrics(context)
     app = FastAPI(

@@ -36,10 +36,12 @@ NOTIFY_FORMATS = ("XML", "JSON", "SIMPLIFIED")
 
 def parse_int(name: str, value: Any, low: int, high: int) -> int:
     """An integer element within [low, high], or MNS's InvalidArgument naming it."""
+    text = str(value).strip()
     try:
-        number = int(str(value).strip())
-    except ValueError:
-        raise MnsError.invalid_argument(f"{name} must be an integer, got {value!r}.") from None
+        number = int(text)
+    except ValueError:  # also past int()'s 4,300 digits
+        shown = text if len(text) <= 40 else f"{text[:40]}..."
+        raise MnsError.invalid_argument(f"{name} must be an integer, got {shown!r}.") from None
     if not low <= number <= high:
         raise MnsError.invalid_argument(f"The value of {name} should between {low} and {high}.")
     return number

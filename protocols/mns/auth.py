@@ -74,7 +74,7 @@ class RequestAuth:
             raise MnsError("MissingDateHeader", "Date header is required.")
         try:
             sent_ms = int(email.utils.parsedate_to_datetime(date).timestamp() * 1000)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError, IndexError):
             raise MnsError("InvalidDateHeader", "The Date header format is invalid.") from None
         if abs(self._clock.now_ms() - sent_ms) > self._max_date_skew_ms:
             raise MnsError("TimeExpired", "The http request you sent is expired.", 408)

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import Request, Response
 
+from gateway.fairness import cooperatively
 from protocols.mns.errors import MnsError
 from protocols.mns.messages import body_md5, render_message
 from protocols.mns.queues import QueueService, Sent
@@ -100,7 +101,7 @@ class QueueHandlers:
         else:
             wait = call.int_query("waitseconds", 0, 30)
             messages = await self._queues.receive(call.caller, queue, count=count or 1, wait_s=wait)
-        rendered = [render_message(m, receipt=not peek) for m in messages]
+        rendered = [render_message(m, receipt=not peek) async for m in cooperatively(messages)]
         if count is None:
             return call.reply(200, "Message", rendered[0])
         return call.reply(200, "Messages", rendered)

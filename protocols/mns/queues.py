@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.fairness import cooperatively
 from gateway.processor import Caller, Processor
 from protocols.mns.attributes import QueueAttributes
 from protocols.mns.errors import MnsError
@@ -235,8 +236,16 @@ class QueueService:
         if len(documents) > _MAX_BATCH:
             raise MnsError.invalid_argument(f"a batch holds at most {_MAX_BATCH} messages.")
         attrs = await self.attributes(caller, name)
-        checked = [self._check_message(attrs, document) for document in documents]
+        checked = [self._check_message(attrs, d) async for d in cooperatively(documents)]
         outgoing = [o for o in checked if isinstance(o, Outgoing)]
+        if len(documents) > 1:
+            total = sum(len(o.message.body) for o in outgoing)
+            if total > self._max_message_bytes:  # MNS: a batch is at most 64 KB in all
+                raise MnsError(
+                    "MessageBodyTooLong",
+                    f"The messages of a batch total {total} bytes, more than "
+                    f"{self._max_message_bytes}.",
+                )
         levels = await self._levels_for(caller, name, attrs, outgoing)
         requests = [
             AppendRequest(

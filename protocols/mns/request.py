@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request, Response
+from starlette.requests import ClientDisconnect
 
 from gateway.connections import ConnectionRegistry
+from gateway.fairness import pause
 from gateway.processor import Caller
 from protocols.mns import codec
 from protocols.mns.attributes import parse_int
@@ -28,6 +30,7 @@ __all__ = [
     "CONNECTION_ID",
     "PROTOCOL",
     "MnsCall",
+    "PeerGone",
     "RequestReader",
     "base_headers",
     "error_response",
@@ -41,6 +44,13 @@ CONNECTION_ID = "polymq.connection_id"
 API_VERSION = "2015-06-06"
 BATCH_MAX = 16
 _LIST_MAX = 1000
+# XML is parsed in slices this large, handing the loop back between them: a slice
+# of the smallest elements takes a few milliseconds.
+_PARSE_SLICE = 8 << 10
+
+
+class PeerGone(Exception):
+    """The client went away before its request was read whole: nothing to answer."""
 
 
 def wants_json(request: Request) -> bool:
@@ -151,11 +161,20 @@ class RequestReader:
         *,
         max_message_bytes: int,
         connections: ConnectionRegistry | None = None,
+        max_depth: int = codec.MAX_DEPTH,
+        max_items: int = codec.MAX_ITEMS,
     ) -> None:
         self._auth = auth
         self._connections = connections
-        # A batch of 16 full messages, XML-escaped, fits; more is refused unread.
-        self._max_body_bytes = BATCH_MAX * max_message_bytes * 2 + 64 * 1024
+        self._max_depth = max_depth
+        self._max_items = max_items
+        # A batch's messages total at most max_message_bytes (MNS: 64 KB), and escaping
+        # makes a character at most 6 (``&quot;``, ``\u0001``); more is refused unread.
+        self._max_body_bytes = max_message_bytes * 6 + 64 * 1024
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self._max_body_bytes
 
     async def _read_body(self, request: Request) -> bytes:
         declared = request.headers.get("content-length")
@@ -163,12 +182,27 @@ class RequestReader:
             raise MnsError.body_too_long(self._max_body_bytes)
         chunks: list[bytes] = []
         size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > self._max_body_bytes:
-                raise MnsError.body_too_long(self._max_body_bytes)
-            chunks.append(chunk)
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > self._max_body_bytes:
+                    raise MnsError.body_too_long(self._max_body_bytes)
+                chunks.append(chunk)
+        except ClientDisconnect:
+            raise PeerGone from None
         return b"".join(chunks)
+
+    async def _decode(self, body: bytes, *, json_body: bool) -> tuple[str | None, Any]:
+        if json_body or len(body) <= _PARSE_SLICE or not body.strip():
+            return codec.decode(
+                body, json_body=json_body, max_depth=self._max_depth, max_items=self._max_items
+            )
+        reader = codec.XmlReader(self._max_depth, self._max_items)
+        view = memoryview(body)
+        for start in range(0, len(body), _PARSE_SLICE):
+            reader.feed(bytes(view[start : start + _PARSE_SLICE]))
+            await pause()
+        return reader.close()
 
     def _authenticate(self, request: Request) -> Caller:
         principal = self._auth.principal(
@@ -197,7 +231,7 @@ class RequestReader:
         _check_digest(request.headers.get("content-md5"), body)
         json_body = "json" in request.headers.get("content-type", "")
         try:
-            root, document = codec.decode(body, json_body=json_body)
+            root, document = await self._decode(body, json_body=json_body)
         except codec.MalformedDocument as e:
             raise MnsError.malformed(str(e)) from None
         query = (

@@ -24,12 +24,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from gateway.accounts import Accounts
 from gateway.connections import ConnectionRegistry
 from gateway.processor import Processor
+from protocols.mns import codec
 from protocols.mns.auth import RequestAuth
 from protocols.mns.errors import MnsError, from_exception
 from protocols.mns.notify import Notifier
 from protocols.mns.queue_handlers import QueueHandlers
 from protocols.mns.queues import QueueService
-from protocols.mns.request import RequestReader, error_response
+from protocols.mns.request import PeerGone, RequestReader, error_response
 from protocols.mns.topic_handlers import TopicHandlers
 from protocols.mns.topics import TopicService
 
@@ -90,6 +91,9 @@ class MnsDispatcher:
         request = Request(scope, receive, send)
         try:
             response = await route.endpoint(request, **params)
+        except PeerGone:
+            log.info("%s %s: the client left mid-request", scope["method"], route.path)
+            return  # its connection is gone: uvicorn closes it
         except Exception as exc:
             response = _error(request, exc)
         await response(scope, receive, send)
@@ -117,9 +121,17 @@ class MnsApi:
         max_message_bytes: int,
         max_date_skew_s: int,
         connections: ConnectionRegistry | None = None,
+        max_depth: int = codec.MAX_DEPTH,
+        max_items: int = codec.MAX_ITEMS,
     ) -> None:
         auth = RequestAuth(accounts, processor.clock, max_date_skew_s=max_date_skew_s)
-        reader = RequestReader(auth, max_message_bytes=max_message_bytes, connections=connections)
+        reader = RequestReader(
+            auth,
+            max_message_bytes=max_message_bytes,
+            connections=connections,
+            max_depth=max_depth,
+            max_items=max_items,
+        )
         self.queues = QueueService(processor, max_message_bytes=max_message_bytes)
         self.topics = TopicService(processor, notifier, max_message_bytes=max_message_bytes)
         self._queue_handlers = QueueHandlers(reader, self.queues)

@@ -257,6 +257,11 @@ NASTY_BODIES = (
     b'{"Messages": "no"}',
     b"[1, 2]",
     b"<" * 10_000,
+    # Nested past limits.max_nesting_depth (these were 500s from a RecursionError).
+    b"<a>" * 20_000 + b"</a>" * 20_000,
+    b"[" * 50_000 + b"]" * 50_000,
+    b'{"MessageBody": ' * 20_000 + b'"x"' + b"}" * 20_000,
+    b'<?xml version="1.0" encoding="nope"?><Message/>',
 )
 
 
