@@ -16,6 +16,7 @@ from mns.queue import Message, QueueMeta
 
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, SECRET_KEY, endpoint, start
+from tests.mns.signed import sign_headers
 
 DEADLINE_MS = 300
 # Far longer than any deadline under test: reaching it means the server never closed.
@@ -125,15 +126,19 @@ def test_idle_keep_alive_connection_is_closed_after_its_response(server: LiveSer
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ok"}')
 
 
-def test_slow_body_is_closed(server: LiveServer) -> None:
-    head = (
-        b"POST /queues/alive/messages HTTP/1.1\r\nHost: x\r\n"
-        b"Content-Type: text/xml\r\nContent-Length: 1000\r\n\r\n"
+def test_slow_body_is_closed(server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
+    """Signed, so the handler is reading the body when the deadline closes it."""
+    body = b"<Message><MessageBody>" + b"x" * 400 + b"</MessageBody></Message>"
+    headers = sign_headers("POST", "/queues/alive/messages", body)
+    head = b"POST /queues/alive/messages HTTP/1.1\r\nHost: x\r\n" + b"".join(
+        f"{name}: {value}\r\n".encode() for name, value in headers.items()
     )
+    head += f"Content-Length: {len(body)}\r\n\r\n".encode()
     with connect(server) as sock:
         sock.sendall(head)
-        answer = trickle(sock, b"<Message>" + b"x" * 400)
-    assert answer is not None, "the server took the whole slow body"
+        answer = trickle(sock, body)
+    assert answer == b"", "the server took the whole slow body"
+    wait_for(lambda: any("left mid-request" in r.getMessage() for r in caplog.records))
 
 
 @pytest.mark.parametrize(
