@@ -152,7 +152,9 @@ class XmlReader:
             self._parser.Parse(data, final)
         except expat.ExpatError as e:
             raise MalformedDocument(f"the body is not well-formed XML: {e}") from None
-        except LookupError as e:  # an encoding="..." Python does not know
+        except (LookupError, ValueError) as e:
+            # encoding="..." that Python does not know (LookupError), or a multi-byte
+            # one expat cannot take from Python (utf-7, shift_jis: ValueError).
             raise MalformedDocument(f"the body's encoding is not supported: {e}") from None
 
 

@@ -270,6 +270,7 @@ def test_bodies_that_are_not_text(open_server: LiveServer) -> None:
         (b'{"MessageBody": "\xff\xfe"}', "application/json"),
         (b"<Message><MessageBody>\xff\xfe</MessageBody></Message>", "text/xml"),
         (b'<?xml version="1.0" encoding="no-such-encoding"?><Message/>', "text/xml"),
+        (b'<?xml version="1.0" encoding="utf-7"?><Message/>', "text/xml"),  # multi-byte
         (b'{"MessageBody": "x", "DelaySeconds": ' + b"9" * 5000 + b"}", "application/json"),
         (
             b"<Message><MessageBody>x</MessageBody><DelaySeconds>"
