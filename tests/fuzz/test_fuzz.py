@@ -25,10 +25,7 @@ ADDRESS_SPACE_BYTES = 4 << 30
 
 # Targets whose codec another engineer is still fixing (issue 14): lead, drop these marks
 # as the fixes land. Empty when every target passes.
-BEING_FIXED: dict[str, str] = {
-    "mns_request": "an XML declaration naming a multi-byte encoding (utf-7) raises expat's "
-    "ValueError, not MalformedDocument (protocols/mns/codec.py, being fixed)",
-}
+BEING_FIXED: dict[str, str] = {}
 
 
 def _limit_memory() -> None:
