@@ -170,9 +170,19 @@ def guarded_protocol(
                 return
             if self._head_bytes:
                 self._refuse(_TIMEOUT, f"no request head within {head_timeout_s:g} s")
-            else:  # idle: a 408 could cross the peer's next request, so just close
-                log.info("http: closing %s: idle for %g s", self._peer, head_timeout_s)
-                self.transport.close()
+                return
+            # Idle: a 408 could cross the peer's next request, so just close. An idle
+            # keep-alive connection is routine (a client between calls): not logged.
+            never_asked = self._connection_id is not None and not connections.is_established(
+                self._connection_id
+            )
+            log.log(
+                logging.INFO if never_asked else logging.DEBUG,
+                "http: closing %s: idle for %g s",
+                self._peer,
+                head_timeout_s,
+            )
+            self.transport.close()
 
         def _body_expired(self) -> None:
             self._body_timer = None

@@ -9,6 +9,7 @@ import logging
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from mns.account import Account
@@ -199,3 +200,20 @@ def test_pipelined_requests_are_all_answered(server: LiveServer) -> None:
         sock.sendall(one * 20 + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         answers = read_until_closed(sock)
     assert answers.count(b"HTTP/1.1 200") == 21
+
+
+def test_per_address_limit_refuses_the_extra_connection(tmp_path: Path) -> None:
+    overrides = {"limits.max_connections_per_address": "2"}
+    with start(tmp_path, overrides=overrides) as limited:
+        held = [connect(limited) for _ in range(2)]
+        wait_for(lambda: limited.gateway.connections.count(protocol="http") == 2)
+        with connect(limited) as extra:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert read_until_closed(extra) == b""  # closed unanswered
+        for sock in held:
+            sock.close()
+        wait_for(lambda: limited.gateway.connections.count(protocol="http") == 0)
+        with connect(limited) as again:
+            again.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            assert read_until_closed(again).startswith(b"HTTP/1.1 200")
