@@ -12,6 +12,7 @@ from protocols.mqtt.topic_filter_index import (
     is_valid_filter,
     is_valid_topic_name,
     split_shared,
+    topic_levels,
 )
 
 CASES = [
@@ -84,3 +85,32 @@ def test_hundred_thousand_subscriptions_match_exactly() -> None:
         topic = f"b{rng.randrange(50)}/f{rng.randrange(20)}/r{rng.randrange(100)}/temp"
         expected = sorted(f"client{i}" for i, f in enumerate(filters) if filter_matches(f, topic))
         assert sorted(str(k) for k, _ in index.match(topic)) == expected
+
+
+def test_match_walks_100k_levels_without_recursion() -> None:
+    """Far deeper than Python's recursion limit (issue 14: a 1,500-level wildcard
+    subscription made every 1,500-level publish fail): the walk keeps its own stack,
+    whatever limit the listeners put on topic levels."""
+    depth = 100_000
+    levels = [f"l{i % 7}" for i in range(depth)]
+    topic = "/".join(levels)
+    index: TopicFilterIndex[str] = TopicFilterIndex()
+    index.add(topic, "exact", "exact")
+    index.add("/".join([*levels[:-1], "+"]), "last-plus", "last-plus")
+    index.add("/".join(["+"] * depth), "all-plus", "all-plus")
+    index.add("/".join([*levels[: depth // 2], "#"]), "half-hash", "half-hash")
+    index.add("/".join([*levels, "deeper"]), "too-deep", "too-deep")
+    assert sorted(str(k) for k, _ in index.match(topic)) == [
+        "all-plus",
+        "exact",
+        "half-hash",
+        "last-plus",
+    ]
+    assert index.match("/".join(levels[:-1])) == [("half-hash", "half-hash")]
+    assert index.remove(topic, "exact") and len(index) == 4
+    assert sorted(str(k) for k, _ in index.match(topic)) == ["all-plus", "half-hash", "last-plus"]
+
+
+def test_topic_levels() -> None:
+    assert topic_levels("a") == 1 and topic_levels("a/b") == 2
+    assert topic_levels("/") == 2 and topic_levels("a//b/") == 4
