@@ -58,6 +58,7 @@ _DISCONNECT_WITH_WILL = 0x04
 _NO_SUBSCRIPTION = 0x11
 _UNSPECIFIED = 0x80
 _PROTOCOL_ERROR = 0x82
+_CLIENT_ID_INVALID = 0x85
 _NOT_AUTHORIZED = 0x87
 _BAD_CREDENTIALS = 0x86
 _KEEP_ALIVE_TIMEOUT = 0x8D
@@ -359,14 +360,13 @@ class MqttConnection:
         self._decoder.level = connect.level
         props = connect.properties
         services = self._services
-        if connect.will_topic is not None:
-            problem = self._will_topic_problem(connect.will_topic)
-            if problem is not None:
-                # v5 CONNACK 0x90; v3 has no such code: 3, as EMQX maps it.
-                log.info("mqtt %r: refused: will topic %s", connect.client_id, problem)
-                self._out.write(codec.ConnAck(reason=_TOPIC_INVALID if self._v5 else 3))
-                self._out.flush()
-                return False
+        refusal = self._connect_problem(connect)
+        if refusal is not None:
+            reason, problem = refusal
+            log.info("mqtt %r: refused: %s", connect.client_id[:100], problem)
+            self._out.write(codec.ConnAck(reason=reason))
+            self._out.flush()
+            return False
         password = None if connect.password is None else connect.password.decode("utf-8", "replace")
         try:
             principal = services.accounts.authenticate(connect.username, password)
@@ -465,6 +465,29 @@ class MqttConnection:
         self.state = ConnectionState.CONNECTED
         self._out.bind(self._session, self._broker, self._caller)
         return True
+
+    def _connect_problem(self, connect: codec.Connect) -> tuple[int, str] | None:
+        """The CONNACK code and the reason for refusing a CONNECT the decoder took but
+        the session could not live with: checked now, so that nothing fails later, at
+        a session save or at the will's publication."""
+        v5, props = self._v5, connect.properties
+        for pid, name in (
+            (codec.RECEIVE_MAXIMUM, "receive maximum"),
+            (codec.MAXIMUM_PACKET_SIZE, "maximum packet size"),
+        ):
+            if props.get(pid) == 0:  # v5 3.1.2.11.3-4
+                return _PROTOCOL_ERROR, f"{name} 0"
+        if connect.will_topic is not None:
+            problem = self._will_topic_problem(connect.will_topic)
+            if problem is not None:  # v3 has no such code: 3, as EMQX maps 0x90
+                return (_TOPIC_INVALID if v5 else 3), f"will topic {problem}"
+        persistent = props.get(codec.SESSION_EXPIRY, 0) > 0 if v5 else not connect.clean_start
+        if persistent and connect.client_id:
+            try:  # a kept session is stored under its client id
+                check_name("client id", connect.client_id)
+            except InvalidName as e:
+                return (_CLIENT_ID_INVALID if v5 else 2), f"persistent session: {e}"
+        return None
 
     def _will_topic_problem(self, topic: str) -> str | None:
         """Why a will topic could not be published at session end, if it could not:

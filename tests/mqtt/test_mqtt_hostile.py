@@ -156,6 +156,31 @@ def test_will_with_control_character_in_a_deeper_level_is_published(served: Live
     watcher.disconnect()
 
 
+@pytest.mark.parametrize("client_id", ["\x01ctl", "c" * 300])
+def test_unstorable_client_id_of_a_persistent_session_is_refused(
+    served: LiveServer, client_id: str
+) -> None:
+    """A kept session is stored under its client id: one storage cannot name gets
+    "client identifier not valid" (v5 0x85, v3 2), not "server unavailable"."""
+    raw = RawClient(served.port("mqtt"))
+    ack = raw.connect(client_id, clean_start=False, properties={codec.SESSION_EXPIRY: 60})
+    assert ack.reason == 0x85
+    assert raw.closed() == []
+    raw3 = RawClient(served.port("mqtt"), level=4)
+    assert raw3.connect(client_id, clean_start=False).reason == 2
+    clean = RawClient(served.port("mqtt"))  # nothing stored: any client id will do
+    assert clean.connect(client_id).reason == 0
+    clean.send(codec.Disconnect())
+    assert clean.closed() == []
+
+
+@pytest.mark.parametrize("prop", [codec.RECEIVE_MAXIMUM, codec.MAXIMUM_PACKET_SIZE])
+def test_connect_property_of_zero_is_a_protocol_error(served: LiveServer, prop: int) -> None:
+    raw = RawClient(served.port("mqtt"))
+    assert raw.connect("zero", properties={prop: 0}).reason == 0x82  # v5 3.1.2.11.3-4
+    assert raw.closed() == []
+
+
 # -- filters per SUBSCRIBE (finding 4) ---------------------------------------------------
 
 
