@@ -124,6 +124,17 @@ def _interesting_int(rng: random.Random, data: bytearray, found: list[Frame], *_
     return f"int{8 * width}@{at}={new.hex()}"
 
 
+def _huge_varint(rng: random.Random, data: bytearray, found: list[Frame], *_: object) -> str:
+    """An unsigned varint claiming billions over bytes inside a frame: Kafka's compact
+    array and string lengths, protobuf lengths in gRPC, MQTT property lengths."""
+    frame = _pick_frame(rng, found)
+    lo, hi = (frame.start, frame.end) if frame is not None else (0, len(data))
+    at = rng.randrange(lo, max(lo + 1, hi))
+    new = rng.choice((b"\xff\xff\xff\xff\x0f", b"\xfe\xff\xff\xff\x0f", b"\xff\xff\xff\x7f"))
+    data[at : at + rng.choice((1, 2, len(new)))] = new
+    return f"varint@{at}={new.hex()}"
+
+
 def _repeat_frame(rng: random.Random, data: bytearray, found: list[Frame], *_: object) -> str:
     frame = _pick_frame(rng, found)
     if frame is None:
@@ -164,6 +175,7 @@ def _splice(
 MUTATIONS: tuple[tuple[Mutation, int], ...] = (
     (_inflate_length, 5),
     (_interesting_int, 5),
+    (_huge_varint, 3),
     (_bitflip, 3),
     (_repeat_frame, 2),
     (_truncate, 2),

@@ -145,6 +145,7 @@ class _Run:
         # (from, to) of each crash and its recovery: probe failures in them are the
         # crash's consequence, reported with it, not findings of their own.
         self._down: list[tuple[float, float | None]] = []
+        self._failure_counts: collections.Counter[tuple[str, str]] = collections.Counter()
 
     # -- the phases ----------------------------------------------------------------
 
@@ -210,11 +211,11 @@ class _Run:
                     exits = self.server.new_exits()
                     await self._restart(exits)
                     result = RegressionResult(protocol, session.name, False, _exits(exits))
-                elif not await self._all_answer():
-                    silent = [p for p, ok in (await self._answers()).items() if not ok]
+                elif silent := [p for p, ok in (await self._answers()).items() if not ok]:
                     result = RegressionResult(
                         protocol, session.name, False, f"no round trip of {silent}"
                     )
+                    await self._bounce()  # the next input gets a server that serves
                 else:
                     result = RegressionResult(protocol, session.name, True, "served on")
                 self.report.regressions.append(result)
@@ -290,7 +291,12 @@ class _Run:
                 failures = probe.failures[self._seen_failures[protocol] :]
                 self._seen_failures[protocol] += len(failures)
                 for failure in failures:
-                    if not failure.excused and not self._was_down(failure.at):
+                    text = re.sub(r"[0-9a-f]{10}|\d+", "#", failure.error)[:80]
+                    failure_key = (protocol, text)
+                    if failure.excused or self._was_down(failure.at):
+                        continue
+                    self._failure_counts[failure_key] += 1
+                    if self._failure_counts[failure_key] == 1:  # the same failure again: counted
                         self._find(
                             "probe-failure",
                             protocol,
@@ -334,6 +340,17 @@ class _Run:
         for e in exits:
             self.report.restarts += 1
             await self.server.restart(e.name)
+        await self._all_answer(RECOVER_TIMEOUT_S)
+        for probe in self.probes.values():
+            probe.excused = False
+        self._down[-1] = (self._down[-1][0], time.monotonic())
+
+    async def _bounce(self) -> None:
+        self._down.append((time.monotonic() - 1.0, None))
+        for probe in self.probes.values():
+            probe.excused = True
+        self.report.restarts += 1
+        await self.server.bounce()
         await self._all_answer(RECOVER_TIMEOUT_S)
         for probe in self.probes.values():
             probe.excused = False
@@ -505,6 +522,9 @@ async def fuzz_form(
             await _Run(server, seeds, settings, report).run()
         finally:
             await server.stop()
-            for lines in server.all_log_lines().values():
+            for name, lines in server.all_log_lines().items():
                 report.tracebacks.update(tracebacks(lines))
+                if settings.findings_dir is not None:  # the whole log, beside the inputs
+                    settings.findings_dir.mkdir(parents=True, exist_ok=True)
+                    (settings.findings_dir / f"{form}-{name}.log").write_text("\n".join(lines))
     return report

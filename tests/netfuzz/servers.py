@@ -103,6 +103,16 @@ class FuzzServer:
         """Start an exited child again, on the ports it had."""
         await self._cluster.start(name)
 
+    async def bounce(self, name: str | None = None) -> None:
+        """Stop and start a child (the gateway by default) that lives on but no longer
+        serves: a listener that died inside a live process."""
+        name = name or self.gateway
+        await self._cluster.stop(name)
+        self._reported.update(
+            (name, c.process.pid) for c in [self._cluster.children[name]] if c.process
+        )
+        await self._cluster.start(name)
+
     def address(self, listener: str) -> tuple[str, int]:
         return self._cluster.address(self.gateway, listener)
 
