@@ -28,9 +28,10 @@ __all__ = ["Broker", "Session"]
 
 PROTOCOL = "kafka"
 IDLE_TIMEOUT_S = 600.0
-# A request may nest topics over partitions: room for the partitions' topics (and
-# answering max_batch_items + 1 partitions with an error) before decoding refuses.
-ITEMS_PER_BATCH_ITEM = 10
+# A request nests partitions in topics: room for max_batch_items partitions and as
+# many topics (so one partition too many still gets Kafka's error) before decoding
+# refuses.
+ITEMS_PER_BATCH_ITEM = 2
 
 
 class Broker:
@@ -51,8 +52,9 @@ class Broker:
         self.idle_timeout_s: float = IDLE_TIMEOUT_S
         # Array items (topics, partitions, ...) one request may carry in all before it
         # is not even decoded: the handlers refuse more than max_batch_items partitions
-        # with Kafka's per-partition error; this bounds the decoding time behind that
-        # (about 0.3 us an item, so some 30 ms at the default).
+        # with Kafka's per-partition error; this bounds the decoding time behind that,
+        # which holds the loop (measured: 240 ms for a Fetch of 100,000 partitions, so
+        # about 50 ms at the default).
         self.max_request_items = ITEMS_PER_BATCH_ITEM * self.limits.max_batch_items
         # SCRAM needs the password itself to derive the server's keys.
         self.passwords: dict[str, str] = {
