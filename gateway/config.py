@@ -172,6 +172,9 @@ class KafkaConfig:
     # group.initial.rebalance.delay.ms: the first rebalance of an empty group waits
     # this long for more members. Kafka ships 3000; 0 lets a lone consumer start at once.
     group_initial_rebalance_delay_ms: int = 0
+    # connections.max.idle.ms: an established connection with no request for this
+    # long is closed, so an idle socket holds a connection slot for at most this.
+    connections_max_idle_ms: int = 600_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -482,6 +485,7 @@ def _validate(config: GatewayConfig) -> None:
     positive("storage.retention_bytes", s.retention_bytes)
     for f in fields(LimitsConfig):
         positive(f"limits.{f.name}", getattr(config.limits, f.name))
+    positive("kafka.connections_max_idle_ms", config.kafka.connections_max_idle_ms)
     positive("mqtt.max_topic_levels", config.mqtt.max_topic_levels)
     positive("mqtt.max_filters_per_subscribe", config.mqtt.max_filters_per_subscribe)
     positive("cluster.heartbeat_ms", config.cluster.heartbeat_ms)

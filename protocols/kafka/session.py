@@ -27,7 +27,6 @@ from storage.model import QueueRef
 __all__ = ["Broker", "Session"]
 
 PROTOCOL = "kafka"
-IDLE_TIMEOUT_S = 600.0
 # A request nests partitions in topics: room for max_batch_items partitions and as
 # many topics (so one partition too many still gets Kafka's error) before decoding
 # refuses.
@@ -47,9 +46,9 @@ class Broker:
         self.limits: LimitsConfig = context.config.limits
         # Shared with every listener: bytes of request frames being read or handled.
         self.frame_budget: FrameBudget = context.frame_budget
-        # Kafka's connections.max.idle.ms (10 minutes): an idle socket holds a slot of
-        # max_connections for at most this long. An attribute, so tests can shorten it.
-        self.idle_timeout_s: float = IDLE_TIMEOUT_S
+        # Kafka's connections.max.idle.ms: an idle socket holds a connection slot for
+        # at most this long.
+        self.idle_timeout_s: float = context.config.kafka.connections_max_idle_ms / 1000
         # Array items (topics, partitions, ...) one request may carry in all before it
         # is not even decoded: the handlers refuse more than max_batch_items partitions
         # with Kafka's per-partition error; this bounds the decoding time behind that,
