@@ -111,6 +111,7 @@ class MqttConnection:
         "_done",
         "_finished",
         "_graceful",
+        "_in_alias_chars",
         "_in_aliases",
         "_inbound_unacked",
         "_keep_alive",
@@ -153,6 +154,7 @@ class MqttConnection:
         self._graceful = False
         # inbound
         self._in_aliases: dict[int, str] = {}
+        self._in_alias_chars = 0  # of the topics in _in_aliases
         self._inbound_unacked = 0  # QoS 1/2 PUBLISHes received, not yet acked (v5)
         self._out = Outbound(services, transport)
         self._finished: asyncio.Future[None] | None = None  # awaited by a takeover
@@ -572,6 +574,13 @@ class MqttConnection:
         if not 0 < alias <= self._config.topic_alias_maximum:
             raise _Close(_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
         if packet.topic:
+            old = self._in_aliases.get(alias, "")
+            chars = self._in_alias_chars - len(old) + len(packet.topic)
+            # 65,535 aliases of 64 KiB topics would be 4 GiB: together at most one
+            # packet's worth.
+            if chars > self._config.max_packet_bytes:
+                raise _Close(_QUOTA_EXCEEDED, "topic aliases hold too many topic bytes")
+            self._in_alias_chars = chars
             self._in_aliases[alias] = packet.topic
             return packet.topic
         topic = self._in_aliases.get(alias)

@@ -181,6 +181,26 @@ def test_connect_property_of_zero_is_a_protocol_error(served: LiveServer, prop: 
     assert raw.closed() == []
 
 
+def test_topic_aliases_hold_at_most_one_packet_of_topics(served: LiveServer) -> None:
+    """65,535 aliases of 64 KiB topics would hold 4 GiB of one connection's topics:
+    together they may hold mqtt.max_packet_bytes (1 MiB); re-setting an alias frees
+    its old topic."""
+    raw = RawClient(served.port("mqtt"))
+    raw.connect("aliases")
+    long_topic = "alive/" + "t" * 60_000
+    for i in range(40):  # one alias, re-set: 60 KB held, not 2.4 MB
+        raw.send(
+            codec.Publish(
+                topic=long_topic, qos=1, packet_id=i + 1, properties={codec.TOPIC_ALIAS: 1}
+            )
+        )
+        assert raw.receive() == codec.PubAck(packet_id=i + 1)
+    for alias in range(2, 40):  # 60 KB more each: the 18th goes past 1 MiB
+        raw.send(codec.Publish(topic=long_topic, properties={codec.TOPIC_ALIAS: alias}))
+    [goodbye] = raw.closed()
+    assert isinstance(goodbye, codec.Disconnect) and goodbye.reason == 0x97
+
+
 # -- filters per SUBSCRIBE (finding 4) ---------------------------------------------------
 
 
