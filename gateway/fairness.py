@@ -18,9 +18,11 @@ __all__ = ["SLICE", "FrameBudget", "cooperatively", "pause"]
 
 _T = TypeVar("_T")
 
-# Items handled between two returns to the loop. A few hundred model operations take
-# well under a millisecond, so no other connection waits long behind a big request.
-SLICE = 256
+# Items handled between two returns to the loop. The heaviest items measured (an MQTT
+# subscription stored, a RocketMQ message mapped and appended) cost 70-150 µs each on
+# a loaded 2-core machine, so a slice of 32 keeps another connection's wait behind a
+# big request to a few milliseconds; a return to the loop costs about 10 µs.
+SLICE = 32
 
 
 async def pause() -> None:
@@ -30,7 +32,7 @@ async def pause() -> None:
 
 async def cooperatively(items: Iterable[_T], every: int = SLICE) -> AsyncIterator[_T]:
     """``items`` one by one, returning to the event loop after each ``every`` of them:
-    a request with 20,000 messages or 100,000 filters then delays other connections by
+    a request with 10,000 messages or 1,000 filters then delays other connections by
     one slice, not by the whole request."""
     for i, item in enumerate(items, 1):
         yield item
