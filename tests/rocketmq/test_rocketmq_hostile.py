@@ -1,16 +1,22 @@
 """Hostile RocketMQ requests (issue 14): a batch send too large for one request is
 refused, an allowed one shares the event loop with every other protocol while it is
-stored, and filters nested past the limit are refused before they can recurse."""
+stored, filters nested past the limit are refused before they can recurse, a request
+grpcio's own server dies on leaves RocketMQ served, a connection that never finishes
+its HTTP/2 preface is closed, and metadata that is not UTF-8 logs one line."""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import logging
+import socket
+import struct
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
@@ -19,7 +25,19 @@ from protocols.mqtt.listener import mqtt_listener
 from protocols.rocketmq.listener import RocketMQListener
 from tests.live_server import LiveServer, live_server
 from tests.mqtt.helpers import RawClient
-from tests.rocketmq.conftest import factory, raw_message, raw_stub, signed, unique
+from tests.rocketmq.conftest import (
+    endpoint,
+    factory,
+    message,
+    producer,
+    raw_message,
+    raw_stub,
+    receive_all,
+    signed,
+    simple_consumer,
+    unique,
+    wait_until,
+)
 
 _BATCH_LIMIT = 10_000  # limits.max_batch_items as it ships
 
@@ -227,3 +245,159 @@ def test_bad_values_get_a_status_and_no_traceback(
     assert not [r for r in caplog.records if "index gap" in r.getMessage()]  # storage intact
     refusals = [r for r in caplog.records if "refused" in r.getMessage()]
     assert len(refusals) == 9, [r.getMessage() for r in refusals]
+
+
+# grpcio's aio server decodes the :path with a strict bytes.decode() in its own serving
+# loop; this one made that loop raise and the whole grpc server shut down.
+_PATH_NOT_UTF8 = b"/apac\xff\xfe.rocketmq.v2.MessagingService/NotifyClientTermination"
+
+
+def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
+    return [
+        r.getMessage()
+        for r in records
+        if r.exc_info or r.exc_text or r.levelno >= logging.ERROR or "Traceback" in r.getMessage()
+    ]
+
+
+def test_a_path_grpc_cannot_decode_leaves_rocketmq_served(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpc's server gives up on the request and a fresh one takes the port: a producer
+    connected before keeps sending (over a new connection), a new one connects, the
+    process and MQTT live on, nothing sent is lost, one warning and no traceback is
+    logged. (A connect in the few milliseconds before grpc closes the failed server's
+    socket may be reset, so the clients go on once the successor serves.)"""
+    caplog.set_level(logging.INFO)
+    listener = server.gateway.listeners.get("rocketmq")
+    assert isinstance(listener, RocketMQListener)
+    topic = unique("t")
+    with producer(server, topic) as before:
+        before.send(message(topic, b"before"))
+        with grpc.insecure_channel(endpoint(server)) as channel:
+            hostile = channel.unary_unary(_PATH_NOT_UTF8)
+            with pytest.raises(grpc.RpcError):
+                hostile(b"", timeout=30)
+        wait_until(lambda: listener.restarts)
+        before.send(message(topic, b"old client"))
+        with producer(server, topic) as after:
+            after.send(message(topic, b"new client"))
+    with simple_consumer(server, unique("g"), topic) as consumer:
+        got = receive_all(consumer, 3)
+    assert sorted(m.body for m in got) == [b"before", b"new client", b"old client"]
+    assert listener.restarts == 1
+    mqtt = RawClient(server.port("mqtt"), level=codec.LEVEL_311)  # the process lives on
+    mqtt.connect("after-grpc")
+    mqtt.send(codec.PingReq())
+    assert isinstance(mqtt.receive(), codec.PingResp)
+    mqtt.close()
+    gc.collect()  # a failed task nobody awaited is logged when it is collected
+    assert not _tracebacks(caplog.records)
+    warnings = [r for r in caplog.records if "gave up" in r.getMessage()]
+    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+    assert "UnicodeDecodeError" in warnings[0].getMessage()
+
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+
+
+def test_a_connection_that_never_finishes_its_preface_is_closed(tmp_path: Path) -> None:
+    """grpc's own handshake deadline is 120 s; the listener sets it from
+    ``limits.handshake_timeout_ms``."""
+    overrides = {"limits.handshake_timeout_ms": "300"}
+    factories = {"rocketmq": factory()}
+    with live_server(tmp_path, ("rocketmq",), overrides=overrides, factories=factories) as live:
+        with socket.create_connection(("127.0.0.1", live.port("rocketmq")), timeout=30) as sock:
+            sock.sendall(_PREFACE[:12])
+            try:
+                while sock.recv(65536):  # whatever grpc sends first, then the close
+                    pass
+            except ConnectionResetError:
+                pass  # closed as well
+            # (a socket.timeout here, after 30 s, means it was kept open)
+        with raw_stub(live) as stub:  # and the port still serves
+            request = service_pb2.SendMessageRequest(messages=[raw_message(unique("t"))])
+            assert stub.SendMessage(request, metadata=signed()).status.code == Code.OK
+
+
+def _h2_frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    return (
+        struct.pack(">I", len(payload))[1:]
+        + bytes((kind, flags))
+        + struct.pack(">I", stream)
+        + payload
+    )
+
+
+def _literal(name: bytes, value: bytes) -> bytes:
+    """An HPACK literal header field without indexing, neither part Huffman-coded."""
+    assert len(name) < 127 and len(value) < 127
+    return b"\x00" + bytes((len(name),)) + name + bytes((len(value),)) + value
+
+
+def _raw_grpc_call(port: int, path: bytes, headers: list[tuple[bytes, bytes]], body: bytes) -> Any:
+    """One unary gRPC call written by hand (the grpc client refuses to send metadata
+    that is not printable ASCII); returns the response message's bytes, or None."""
+    block = b"".join(
+        _literal(k, v)
+        for k, v in [
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path),
+            (b":authority", b"127.0.0.1"),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            *headers,
+        ]
+    )
+    message_bytes = b"\x00" + struct.pack(">I", len(body)) + body
+    request = (
+        _PREFACE
+        + _h2_frame(4, 0, 0, b"")  # SETTINGS
+        + _h2_frame(1, 0x4, 1, block)  # HEADERS, END_HEADERS
+        + _h2_frame(0, 0x1, 1, message_bytes)  # DATA, END_STREAM
+    )
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(request)
+        buffer, data = b"", b""
+        while True:
+            while len(buffer) >= 9 and len(buffer) >= 9 + int.from_bytes(buffer[:3], "big"):
+                size = int.from_bytes(buffer[:3], "big")
+                kind, flags = buffer[3], buffer[4]
+                stream = int.from_bytes(buffer[5:9], "big") & 0x7FFFFFFF
+                payload, buffer = buffer[9 : 9 + size], buffer[9 + size :]
+                if kind == 4 and not flags & 0x1:
+                    sock.sendall(_h2_frame(4, 0x1, 0, b""))  # SETTINGS ACK
+                elif kind == 0 and stream == 1:
+                    data += payload
+                elif (stream == 1 and (kind == 3 or (kind == 1 and flags & 0x1))) or kind == 7:
+                    return data[5:] if data else None  # trailers, RST_STREAM or GOAWAY
+            chunk = sock.recv(65536)
+            if not chunk:
+                return data[5:] if data else None
+            buffer += chunk
+
+
+def test_metadata_that_is_not_utf8_logs_one_line(
+    server: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """grpcio reads such a value as Latin-1 and logs "Invalid encoding" with a
+    traceback (the fuzzer's UnicodeDecodeError at grpc_string.pyx.pxi:48), once per
+    value; the listener makes that one INFO line and the call is answered."""
+    caplog.set_level(logging.INFO)
+    topic = unique("t")
+    metadata = [(k.encode(), v.encode()) for k, v in signed()]
+    tag = unique("v").encode()  # a value reported in the last second is DEBUG only
+    bad = [(b"x-hostile", b"\xff\xfe " + tag), (b"x-hostile-2", tag + b" caf\xe9")]
+    request = service_pb2.SendMessageRequest(messages=[raw_message(topic, b"latin")])
+    answer = _raw_grpc_call(
+        server.port("rocketmq"),
+        b"/apache.rocketmq.v2.MessagingService/SendMessage",
+        metadata + bad,
+        request.SerializeToString(),
+    )
+    assert answer is not None, "no response message"
+    assert service_pb2.SendMessageResponse.FromString(answer).status.code == Code.OK
+    assert not _tracebacks(caplog.records)
+    lines = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
+    assert len(lines) == 2 and all(r.levelno == logging.INFO for r in lines)
