@@ -28,11 +28,7 @@ SETTINGS = Settings(seconds=SECONDS, seed=int(os.environ.get("NETFUZZ_SEED", "1"
 
 # Parts whose fix another change is still bringing: expected to fail until it lands
 # (the mark is removed then). Empty when every listener holds.
-PENDING: dict[str, str] = {
-    "rocketmq": "a gRPC :path with invalid UTF-8 stops grpcio's aio server loop (the listener "
-    "refuses every connection after it), and slow first frames are kept open past the "
-    "handshake deadline: regressions/rocketmq/grpc-path-invalid-utf8.hex",
-}
+PENDING: dict[str, str] = {}
 
 
 def _protocol_params() -> list[object]:
