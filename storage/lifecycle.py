@@ -1,0 +1,108 @@
+"""One shape for everything that starts, runs background tasks and stops.
+
+The engine, the cluster client, storage nodes, nameservers, navigation, listeners and
+protocol adapters all start work that outlives a call (flushers, heartbeats, timers,
+tails). A task nobody awaits can outlive its owner, log "Task was destroyed but it is
+pending", or keep a closed socket's buffers alive; so every such task belongs to one
+:class:`TaskSet`, which its owner's close cancels and awaits. :class:`Service` adds the
+async context manager every component is composed with (RocketMQ's
+``appendStartAndShutdown``: started in order, stopped in reverse).
+
+It sits at the bottom of the layers (beside the storage model) so that every layer may
+use it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine, Iterator
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+__all__ = ["Service", "TaskSet"]
+
+log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+
+class TaskSet:
+    """Background tasks of one owner. A task that fails is logged with its name (it
+    was nobody's to await); :meth:`close` cancels what is still running and waits for
+    all of it, so after it returns nothing of the owner runs any more."""
+
+    def __init__(self, owner: str) -> None:
+        self._owner = owner
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closed = False
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(list(self._tasks))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def spawn(self, coro: Coroutine[Any, Any, _T], *, name: str | None = None) -> asyncio.Task[_T]:
+        """Run ``coro`` in the background until it ends or the set closes."""
+        if self._closed:
+            coro.close()
+            raise RuntimeError(f"{self._owner} is closed: no new background work")
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("%s: background task %s failed", self._owner, task.get_name(), exc_info=error)
+
+    async def close(self) -> None:
+        """Cancel every task still running and wait for all of them; new spawns fail."""
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Service:
+    """A component with ``start`` and ``close`` and the background tasks it spawned.
+
+    Subclasses override :meth:`start` and :meth:`close` (calling ``super().close()``
+    last, so their tasks stop after they stopped taking work); ``async with`` starts
+    and closes them, closing again if the start failed halfway."""
+
+    def __init__(self) -> None:
+        self.tasks = TaskSet(type(self).__name__)
+
+    async def start(self) -> None:
+        """Nothing to start by default."""
+
+    async def close(self) -> None:
+        await self.tasks.close()
+
+    async def __aenter__(self) -> Self:
+        try:
+            await self.start()
+        except BaseException:
+            await self.close()
+            raise
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
