@@ -10,16 +10,28 @@ request body within ``limits.frame_timeout_ms`` of its headers, and the head may
 most :data:`MAX_HEAD_BYTES` (431). It also enters each connection in the gateway's
 registry, which refuses it at the connection limits, and marks it established once a
 first request's headers are complete.
+
+Requests still being served are told their peer is gone (``disconnected``, so their
+writes are dropped) before any close this makes, and in ``connection_lost`` all of
+them, not just uvicorn's newest: on uvloop a write to a closed transport raises, and
+``connection_lost`` comes an iteration or more after the close, so a handler resuming
+in between, or one with requests pipelined behind it (uvicorn marked only the last),
+logged a ``RuntimeError`` traceback (20-30 per 30 s of the network fuzzer). A request
+that cannot be parsed gets 400 and an oversized head 431 after the answers owed to
+the valid requests before it, in order, as nginx does (uvicorn wrote its 400 at once,
+which a client then read as the answer to its first request).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import socket
 
+import httptools
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from gateway.config import LimitsConfig
 from gateway.connections import ConnectionRegistry, TooManyConnections
@@ -34,11 +46,16 @@ log = logging.getLogger(__name__)
 # buffering (no line end yet) counts too.
 MAX_HEAD_BYTES = 64 << 10
 
+_BAD_REQUEST = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _TIMEOUT = b"HTTP/1.1 408 Request Timeout\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
 _TOO_LARGE = (
     b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
     b"content-length: 0\r\nconnection: close\r\n\r\n"
 )
+
+
+class _HeadTooLarge(Exception):
+    """Raised in llhttp's headers-complete callback: it stops parsing there."""
 
 
 def guarded_protocol(
@@ -60,8 +77,16 @@ def guarded_protocol(
         _serving = 0
         _head_timer: asyncio.TimerHandle | None = None
         _body_timer: asyncio.TimerHandle | None = None
+        # The requests whose headers arrived and whose response is not complete, in
+        # order (uvicorn keeps only the newest one and the queue behind the running one).
+        _cycles: collections.deque[RequestResponseCycle]
+        # Set once the peer's bytes are refused: nothing more is parsed, and this answer
+        # (if any) is written once the requests before the bad one are answered.
+        _refusing = False
+        _refusal: bytes | None = None
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            self._cycles = collections.deque()
             super().connection_made(transport)
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -70,7 +95,7 @@ def guarded_protocol(
             self._peer = f"{client[0]}:{client[1]}" if client else "unknown"
 
             async def close() -> None:
-                transport.close()
+                self._close(None)
 
             try:
                 connection_id = connections.register(
@@ -96,23 +121,47 @@ def guarded_protocol(
         def connection_lost(self, exc: Exception | None) -> None:
             self._stop_head()
             self._stop_body()
+            # uvicorn tells only its newest request: with requests pipelined behind it,
+            # the one being served (a long poll, say) went on to write to the closed
+            # transport.
+            self._disconnect_all()
             if self._connection_id is not None:
                 connections.unregister(self._connection_id)
                 self._connection_id = None
             super().connection_lost(exc)
 
         def data_received(self, data: bytes) -> None:
-            if self._connection_id is None or self.transport.is_closing():
+            if self._connection_id is None or self._refusing or self.transport.is_closing():
                 return  # refused or being closed: nothing more is parsed
             if self._in_head:
                 self._head_bytes += len(data)
-            super().data_received(data)
+            # uvicorn's data_received, but for its parse error: that wrote a 400 and
+            # closed at once (ahead of the answers owed, and under running handlers),
+            # with a warning that names no peer.
+            self._unset_keepalive_if_required()
+            try:
+                self.parser.feed_data(data)
+            except httptools.HttpParserError as e:
+                if isinstance(e.__context__, _HeadTooLarge):
+                    self._refuse(_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
+                else:
+                    reason = str(e)[:80] or type(e).__name__
+                    self._refuse(_BAD_REQUEST, f"invalid HTTP request ({reason})")
+                return
+            except httptools.HttpParserUpgrade:
+                self._unsupported_upgrade_warning()  # ws="none": no Upgrade is served
+                return
             if self._in_head and self._head_bytes > MAX_HEAD_BYTES:
                 self._refuse(_TOO_LARGE, f"request head over {MAX_HEAD_BYTES} bytes")
 
-        # -- llhttp callbacks (during super().data_received) ------------------------
+        # -- llhttp callbacks (during parser.feed_data) -----------------------------
 
         def on_headers_complete(self) -> None:
+            # A whole head that arrived in one read is parsed before data_received can
+            # count it: measured here, from what llhttp parsed.
+            size = len(self.url) + sum(len(n) + len(v) + 4 for n, v in self.headers)
+            if size > MAX_HEAD_BYTES:
+                raise _HeadTooLarge  # llhttp stops; data_received refuses with 431
             self._in_head = False
             self._head_bytes = 0
             self._serving += 1
@@ -121,7 +170,10 @@ def guarded_protocol(
                 connections.established(self._connection_id)
             self._stop_body()
             self._body_timer = self.loop.call_later(body_timeout_s, self._body_expired)
+            before = self.cycle
             super().on_headers_complete()
+            if self.cycle is not None and self.cycle is not before:
+                self._cycles.append(self.cycle)
 
         def on_message_complete(self) -> None:
             self._stop_body()
@@ -134,8 +186,16 @@ def guarded_protocol(
 
         def on_response_complete(self) -> None:
             self._serving = max(0, self._serving - 1)
-            super().on_response_complete()
-            if self._serving == 0 and self._in_head and not self.transport.is_closing():
+            super().on_response_complete()  # starts the next pipelined request, if any
+            while self._cycles and self._cycles[0].response_complete:
+                self._cycles.popleft()
+            if self.transport.is_closing():
+                return
+            if self._refusing:
+                if not self._cycles:  # every request before the bad one is answered
+                    self._close(self._refusal)
+                return
+            if self._serving == 0 and self._in_head:
                 self._arm_head()
 
         def _unsupported_upgrade_warning(self) -> None:
@@ -146,7 +206,7 @@ def guarded_protocol(
             if self.cycle is not None and not self.cycle.response_complete:
                 self.cycle.keep_alive = False
             else:
-                self.transport.close()
+                self._close(None)
 
         # -- deadlines ---------------------------------------------------------------
 
@@ -182,7 +242,7 @@ def guarded_protocol(
                 self._peer,
                 head_timeout_s,
             )
-            self.transport.close()
+            self._close(None)
 
         def _body_expired(self) -> None:
             self._body_timer = None
@@ -192,13 +252,56 @@ def guarded_protocol(
                     self._peer,
                     body_timeout_s,
                 )
-                self.transport.close()
+                self._close(None)
+
+        # -- refusing and closing ------------------------------------------------------
 
         def _refuse(self, response: bytes, why: str) -> None:
-            if self.transport.is_closing():
+            """Parse nothing more; answer ``response`` and close once the complete
+            requests before the refused bytes are answered (at once if none is owed)."""
+            if self._refusing or self.transport.is_closing():
                 return
             log.info("http: closing %s: %s", self._peer, why)
-            self.transport.write(response)
+            self._refusing = True
+            self._stop_head()
+            self._stop_body()
+            self._drop_unfinished()
+            if self._cycles:
+                self._refusal = response  # its "connection: close" tells the peer
+            else:
+                self._close(response)
+
+        def _drop_unfinished(self) -> None:
+            """The newest request, if its body never finished (the refused bytes were
+            in it), is not answered: queued, it is never started; running, its handler
+            is told the peer is gone (its reads end, its writes are dropped)."""
+            if not self._cycles or not self._cycles[-1].more_body:
+                return
+            cycle = self._cycles.pop()
+            queued = [entry for entry in self.pipeline if entry[0] is cycle]
+            for entry in queued:
+                self.pipeline.remove(entry)
+            if not queued:
+                cycle.disconnected = True
+                cycle.message_event.set()
+
+        def _disconnect_all(self) -> None:
+            for cycle in self._cycles:
+                if not cycle.response_complete:
+                    cycle.disconnected = True
+                    cycle.message_event.set()
+            self._cycles.clear()
+            self.pipeline.clear()
+
+        def _close(self, response: bytes | None) -> None:
+            """Close, telling every request still served that its peer is gone first:
+            uvicorn would learn it in ``connection_lost`` only, and on uvloop a handler
+            writing before then raises on the closed handle."""
+            self._disconnect_all()
+            if self.transport.is_closing():
+                return
+            if response:
+                self.transport.write(response)
             self.transport.close()
 
     return GuardedProtocol

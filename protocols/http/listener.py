@@ -129,6 +129,11 @@ class HttpListener:
                 values.append(sock.getsockopt(level, option))
         return values
 
+    def requests_in_flight(self) -> int:
+        """Requests whose handler is still running, on any connection (for tests and
+        diagnostics: a handler can outlive its connection)."""
+        return len(self._server.server_state.tasks) if self._server is not None else 0
+
     async def stop(self) -> None:
         server, task, http = self._server, self._task, self._http
         self._server = self._task = None

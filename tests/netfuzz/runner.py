@@ -478,7 +478,7 @@ def tracebacks(lines: Sequence[str]) -> collections.Counter[tuple[str, str]]:
                 path = file_match["file"]
                 own = path.split("/")[-3:]
                 here = f"{'/'.join(own)}:{file_match['line']}"
-                if not where_own and any(f"/{top}/" in path for top in _OWN):
+                if not where_own and _is_own(path):
                     where, where_own = here, True
                 elif not where_own:
                     where = here
@@ -491,6 +491,14 @@ def tracebacks(lines: Sequence[str]) -> collections.Counter[tuple[str, str]]:
 
 # The project's own packages: a traceback is told by its first frame in them.
 _OWN = ("protocols", "gateway", "storage", "nameserver", "navigation")
+
+
+def _is_own(path: str) -> bool:
+    """Not a library's file: uvicorn's own ``uvicorn/protocols/http/...`` once passed
+    for the project's ``protocols/http`` and named the wrong file in the report."""
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        return False
+    return any(f"/{top}/" in path for top in _OWN)
 # Libraries that log for a listener under their own names.
 _LIBRARY_LOGGERS = {"uvicorn": "http", "websockets": "mqtt_ws", "grpc": "rocketmq"}
 
