@@ -17,7 +17,7 @@ from typing import Any
 
 from gateway.accounts import AccessDenied, Accounts, Principal
 from gateway.metering import Metering
-from storage.api import StorageAPI
+from storage import api
 from storage.clock import Clock
 from storage.model import (
     AppendRequest,
@@ -37,8 +37,6 @@ from storage.model import (
 )
 
 __all__ = ["Caller", "Processor"]
-
-_DEFAULT_TOPIC = TopicConfig()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -69,7 +67,7 @@ def _messages_size(messages: Iterable[StoredMessage]) -> tuple[int, int]:
 
 class Processor:
     def __init__(
-        self, storage: StorageAPI, accounts: Accounts, metering: Metering, clock: Clock
+        self, storage: api.StorageAPI, accounts: Accounts, metering: Metering, clock: Clock
     ) -> None:
         self._storage = storage
         self._accounts = accounts
@@ -115,7 +113,7 @@ class Processor:
     # -- topics and queues ---------------------------------------------------------
 
     async def create_topic(
-        self, caller: Caller, topic: str, config: TopicConfig = _DEFAULT_TOPIC
+        self, caller: Caller, topic: str, config: TopicConfig = api.DEFAULT_TOPIC_CONFIG
     ) -> TopicInfo:
         return await self._storage.create_topic(self._check(caller), topic, config)
 
@@ -197,9 +195,9 @@ class Processor:
         queue: QueueRef,
         offset: int,
         *,
-        max_messages: int = 32,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_READ_MAX_MESSAGES,
+        max_bytes: int = api.DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
         metered: bool = True,
     ) -> ReadResult:
         """``metered=False`` for a look that delivers nothing (MNS PeekMessage, a
@@ -218,8 +216,8 @@ class Processor:
         queue: QueueRef,
         offset: int,
         *,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_bytes: int = api.DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
         metered: bool = True,
     ) -> list[StoredBatch]:
         """``metered``: as for :meth:`read`."""
@@ -281,13 +279,13 @@ class Processor:
         group: str,
         queues: Sequence[QueueRef],
         *,
-        max_messages: int = 1,
-        invisible_ms: int = 30_000,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_POP_MAX_MESSAGES,
+        invisible_ms: int = api.DEFAULT_INVISIBLE_MS,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
         tags: frozenset[str] | None = None,
         durable: bool = True,
     ) -> list[StoredMessage]:
-        """``durable`` and cancellation: see :meth:`StorageAPI.pop`."""
+        """``durable`` and cancellation: see :meth:`storage.api.StorageAPI.pop`."""
         namespace = self._check_queues(caller, queues)
         messages = await self._storage.pop(
             namespace,

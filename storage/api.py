@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
+from storage.errors import InvalidArgument
 from storage.model import (
     AppendRequest,
     AppendResult,
@@ -28,8 +29,55 @@ from storage.model import (
     TopicConfig,
     TopicInfo,
 )
+from storage.names import check_name
 
-__all__ = ["StorageAPI"]
+__all__ = [
+    "DEFAULT_INVISIBLE_MS",
+    "DEFAULT_POP_MAX_MESSAGES",
+    "DEFAULT_READ_MAX_BYTES",
+    "DEFAULT_READ_MAX_MESSAGES",
+    "DEFAULT_TOPIC_CONFIG",
+    "DEFAULT_WAIT_MS",
+    "StorageAPI",
+    "check_append_queues",
+    "check_invisible_ms",
+    "check_pop",
+]
+
+# The defaults of the storage calls, named once so that every implementation and the
+# processor above them agree: a caller that leaves an argument out gets the same
+# behaviour whichever storage it reaches. Protocols pass their own values where their
+# specification sets one.
+
+DEFAULT_TOPIC_CONFIG = TopicConfig()
+DEFAULT_READ_MAX_MESSAGES = 32
+DEFAULT_READ_MAX_BYTES = 1 << 20  # a read still returns one message bigger than this
+DEFAULT_WAIT_MS = 0  # no long poll unless asked for
+DEFAULT_POP_MAX_MESSAGES = 1
+DEFAULT_INVISIBLE_MS = 30_000  # a popped message not acked by then is handed out again
+
+
+# The argument checks every implementation makes before it touches a node or a file,
+# written once so that a bad call fails with the same error in either form.
+
+
+def check_invisible_ms(invisible_ms: int) -> None:
+    if invisible_ms < 0:
+        raise InvalidArgument("invisible_ms must not be negative")
+
+
+def check_pop(group: str, queues: Sequence[QueueRef], max_messages: int, invisible_ms: int) -> None:
+    check_name("group", group)
+    if max_messages < 1:
+        raise InvalidArgument("max_messages must be at least 1")
+    check_invisible_ms(invisible_ms)
+    if not queues:
+        raise InvalidArgument("pop needs at least one queue")
+
+
+def check_append_queues(request: AppendRequest) -> None:
+    if not request.queues:
+        raise InvalidArgument("an append needs at least one queue")
 
 
 @runtime_checkable
@@ -64,7 +112,7 @@ class StorageAPI(Protocol):
     # -- topics and queues ---------------------------------------------------------
 
     async def create_topic(
-        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+        self, namespace: str, topic: str, config: TopicConfig = DEFAULT_TOPIC_CONFIG
     ) -> TopicInfo: ...
 
     async def alter_topic(self, namespace: str, topic: str, config: TopicConfig) -> TopicInfo:
@@ -139,9 +187,9 @@ class StorageAPI(Protocol):
         queue: QueueRef,
         offset: int,
         *,
-        max_messages: int = 32,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_messages: int = DEFAULT_READ_MAX_MESSAGES,
+        max_bytes: int = DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = DEFAULT_WAIT_MS,
     ) -> ReadResult:
         """Messages from ``offset`` on, one per offset (batch entries expanded).
         Returns at least one message if any is there, even over ``max_bytes``."""
@@ -152,8 +200,8 @@ class StorageAPI(Protocol):
         queue: QueueRef,
         offset: int,
         *,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_bytes: int = DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = DEFAULT_WAIT_MS,
     ) -> list[StoredBatch]:
         """Stored entries from the one holding ``offset`` on, as stored: a batch entry
         comes back with its ``raw`` bytes and ``base_offset`` (which may be below
@@ -192,9 +240,9 @@ class StorageAPI(Protocol):
         group: str,
         queues: Sequence[QueueRef],
         *,
-        max_messages: int = 1,
-        invisible_ms: int = 30_000,
-        wait_ms: int = 0,
+        max_messages: int = DEFAULT_POP_MAX_MESSAGES,
+        invisible_ms: int = DEFAULT_INVISIBLE_MS,
+        wait_ms: int = DEFAULT_WAIT_MS,
         tags: frozenset[str] | None = None,
         durable: bool = True,
     ) -> list[StoredMessage]:

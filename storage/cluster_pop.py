@@ -1,4 +1,4 @@
-"""Pop over queues held by several storage nodes.
+"""Pops and acks over queues held by several storage nodes.
 
 Each node's engine hands out only its own queues' messages, so a pop whose queues
 span nodes asks them in turn: without waiting first (node after node, each asked only
@@ -11,6 +11,9 @@ lands: those messages are handed out already, so they are kept in an
 node client to return such an answer rather than drop it: an in-process engine does;
 today's RPC client drops an answer that arrives after its call was cancelled, and
 those messages come back when their invisibility ends.)
+
+Acks find their node by the receipt's ``<node_id>:`` prefix; a batch of receipts from
+several nodes is sent as one call per node, at once.
 """
 
 from __future__ import annotations
@@ -18,11 +21,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from storage.cluster_routes import Node
-from storage.errors import StorageUnavailable
+from storage.cluster_routes import Node, RouteCache
+from storage.errors import InvalidReceipt, StorageUnavailable
 from storage.model import QueueRef, StoredMessage
 
-__all__ = ["Overflow", "pop_spread", "with_prefix"]
+__all__ = ["Overflow", "ack_spread", "pop_spread", "with_prefix"]
+
+_INVALID_RECEIPT = InvalidReceipt.code
+_UNAVAILABLE = StorageUnavailable.code
 
 
 def with_prefix(messages: list[StoredMessage], prefix: str) -> list[StoredMessage]:
@@ -239,3 +245,40 @@ async def _settle(
             if task.done() and not task.cancelled() and task.exception() is None:
                 late += with_prefix(task.result(), nodes[task].prefix)
         overflow.keep(namespace, group, late)
+
+
+async def ack_spread(
+    routes: RouteCache, namespace: str, group: str, receipts: Sequence[str]
+) -> list[str | None]:
+    """Ack receipts of several nodes: per node, one call each, at once. A receipt of a
+    node that is down gets ``storage_unavailable`` (its message comes back after its
+    invisibility)."""
+    outcomes: list[str | None] = [None] * len(receipts)
+    split: dict[Node, list[int]] = {}
+    for i, receipt in enumerate(receipts):
+        cut = receipt.find(":")
+        node = routes.nodes.get(receipt[:cut]) if cut > 0 else None
+        if node is None:
+            outcomes[i] = _INVALID_RECEIPT
+        elif not node.alive:
+            outcomes[i] = _UNAVAILABLE
+        else:
+            split.setdefault(node, []).append(i)
+    nodes = list(split)
+    answers = await asyncio.gather(
+        *(
+            n.client.ack_many(namespace, group, [receipts[i][len(n.prefix) :] for i in split[n]])
+            for n in nodes
+        ),
+        return_exceptions=True,
+    )
+    for node, answer in zip(nodes, answers, strict=True):
+        if isinstance(answer, StorageUnavailable):
+            for i in split[node]:
+                outcomes[i] = _UNAVAILABLE
+        elif isinstance(answer, BaseException):
+            raise answer
+        else:
+            for i, outcome in zip(split[node], answer, strict=True):
+                outcomes[i] = outcome
+    return outcomes

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 from nameserver.model import NodeHeartbeat
+from storage import api
 from storage.model import (
     AppendRequest,
     AppendResult,
@@ -81,7 +82,7 @@ class RemoteStorage:
     # -- topics and queues ---------------------------------------------------------
 
     async def create_topic(
-        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+        self, namespace: str, topic: str, config: TopicConfig = api.DEFAULT_TOPIC_CONFIG
     ) -> TopicInfo:
         return cast(TopicInfo, await self._rpc.call("create_topic", namespace, topic, config))
 
@@ -139,9 +140,9 @@ class RemoteStorage:
         queue: QueueRef,
         offset: int,
         *,
-        max_messages: int = 32,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_READ_MAX_MESSAGES,
+        max_bytes: int = api.DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
     ) -> ReadResult:
         return cast(
             ReadResult,
@@ -160,8 +161,8 @@ class RemoteStorage:
         queue: QueueRef,
         offset: int,
         *,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_bytes: int = api.DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
     ) -> list[StoredBatch]:
         return cast(
             list[StoredBatch],
@@ -214,9 +215,9 @@ class RemoteStorage:
         group: str,
         queues: Sequence[QueueRef],
         *,
-        max_messages: int = 1,
-        invisible_ms: int = 30_000,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_POP_MAX_MESSAGES,
+        invisible_ms: int = api.DEFAULT_INVISIBLE_MS,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
         tags: frozenset[str] | None = None,
         durable: bool = True,
     ) -> list[StoredMessage]:

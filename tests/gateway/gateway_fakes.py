@@ -13,6 +13,7 @@ from dataclasses import replace
 from typing import Any
 
 from gateway.listeners import ListenerContext, TcpListener
+from storage import api
 from storage.errors import NamespaceAlreadyExists, NamespaceNotFound, TopicNotFound
 from storage.model import (
     AppendRequest,
@@ -65,7 +66,7 @@ class MemoryStorage:
         return sorted(self.namespaces)
 
     async def create_topic(
-        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+        self, namespace: str, topic: str, config: TopicConfig = api.DEFAULT_TOPIC_CONFIG
     ) -> TopicInfo:
         if namespace not in self.namespaces:
             raise NamespaceNotFound(namespace)
@@ -113,9 +114,9 @@ class MemoryStorage:
         queue: QueueRef,
         offset: int,
         *,
-        max_messages: int = 32,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_READ_MAX_MESSAGES,
+        max_bytes: int = api.DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
     ) -> ReadResult:
         log = self.queues.get(queue, [])
         messages = tuple(log[offset : offset + max_messages])
@@ -131,9 +132,9 @@ class MemoryStorage:
         group: str,
         queues: Sequence[QueueRef],
         *,
-        max_messages: int = 1,
-        invisible_ms: int = 30_000,
-        wait_ms: int = 0,
+        max_messages: int = api.DEFAULT_POP_MAX_MESSAGES,
+        invisible_ms: int = api.DEFAULT_INVISIBLE_MS,
+        wait_ms: int = api.DEFAULT_WAIT_MS,
         tags: frozenset[str] | None = None,
         durable: bool = True,
     ) -> list[StoredMessage]:
