@@ -18,6 +18,7 @@ from protocols.mqtt.connection import MqttConnection
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.services import MqttServices, services_for
 from protocols.mqtt.transport import TcpTransport, WebSocketTransport
+from protocols.mqtt.ws_handshake import GuardedConnection, check_request
 
 __all__ = ["MqttWebSocketListener", "mqtt_listener", "mqtt_ws_listener"]
 
@@ -93,17 +94,25 @@ class MqttWebSocketListener:
         return self._address
 
     async def start(self) -> None:
-        limits = self._context.config.limits
+        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+
+        class Connection(GuardedConnection):
+            listener = self.name
+            handshake_timeout_s = timeout_s
+
         self._server = await serve(
             self._handle,
             self._context.host,
             self._context.port,
             subprotocols=_SUBPROTOCOLS,
             compression=None,
-            # The HTTP upgrade within the handshake deadline (CONNECT then gets as
-            # long again, from MqttConnection); messages bounded per connection by
-            # the transport (small until CONNECT), and few of them queued.
-            open_timeout=limits.handshake_timeout_ms / 1000,
+            # The HTTP upgrade and then CONNECT within one handshake deadline from the
+            # TCP accept, kept by the connection (upgrade) and _handle (CONNECT), each
+            # logging why it closes; messages bounded per connection by the transport
+            # (small until CONNECT), and few of them queued.
+            create_connection=Connection,
+            process_request=check_request,
+            open_timeout=None,
             max_size=self._services.config.max_packet_bytes + 8,
             max_queue=_MAX_QUEUED_FRAMES,
             ping_interval=None,
@@ -128,9 +137,10 @@ class MqttWebSocketListener:
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as TcpListener
         task = asyncio.current_task()
+        assert task is not None
 
         async def close() -> None:
-            if task is not None and task is not asyncio.current_task():
+            if task is not asyncio.current_task():
                 task.cancel()
                 await asyncio.wait([task])
 
@@ -140,11 +150,35 @@ class MqttWebSocketListener:
             log.warning("%s: refused %s: %s", self.name, peer, e)
             await websocket.close(1013, "too many connections")
             return
+        deadline = self._connect_deadline(websocket, conn.id, task)
         try:
             with serving_connection(conn.id), contextlib.suppress(asyncio.CancelledError):
                 transport = WebSocketTransport(websocket)
                 await MqttConnection(self._services, transport, conn.id).run()
                 await transport.drain()
         finally:
+            deadline.cancel()
             registry.unregister(conn.id)
             await websocket.close()
+
+    def _connect_deadline(
+        self, websocket: ServerConnection, conn_id: int, task: asyncio.Task[None]
+    ) -> asyncio.TimerHandle:
+        """CONNECT (and login) by the deadline the upgrade had, counted from the TCP
+        accept: the upgrade does not give a peer another handshake timeout. The
+        connection's own CONNECT timer runs as long again from now, so this one,
+        earlier, is the one that fires (as the TCP listener's does for TCP)."""
+        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+        registry = self._context.connections
+        loop = asyncio.get_running_loop()
+        if isinstance(websocket, GuardedConnection):
+            when, peer = websocket.deadline, websocket.peer
+        else:
+            when, peer = loop.time() + timeout_s, "?"
+
+        def expire() -> None:
+            if not registry.is_established(conn_id) and not task.done():
+                log.info("%s: closing %s: no CONNECT within %g s", self.name, peer, timeout_s)
+                task.cancel()
+
+        return loop.call_at(when, expire)

@@ -4,17 +4,25 @@ binary frames carry MQTT bytes with no regard to packet boundaries, v5 6.0)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable
 from typing import Protocol
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
+from websockets.frames import CloseCode
 
 __all__ = ["TcpTransport", "Transport", "WebSocketTransport"]
+
+log = logging.getLogger(__name__)
 
 # Bytes one read hands the connection: what it decodes and handles before it reads
 # again, whatever the size of the WebSocket message they came in.
 READ_BYTES = 1 << 16
+# Close codes websockets sends when it gives up on what the peer sent (RFC 6455 7.4.1).
+_PEER_FAULTS = frozenset(
+    (CloseCode.PROTOCOL_ERROR, CloseCode.INVALID_DATA, CloseCode.MESSAGE_TOO_BIG)
+)
 
 
 class Transport(Protocol):
@@ -87,11 +95,21 @@ class WebSocketTransport:
         if not data:
             try:
                 message = await self._ws.recv()
-            except ConnectionClosed:
+            except ConnectionClosed as e:
+                self._closed_by_peer_fault(e)
                 return b""
             data = message.encode() if isinstance(message, str) else bytes(message)
         self._unread = data[READ_BYTES:]
         return data[:READ_BYTES]
+
+    def _closed_by_peer_fault(self, closed: ConnectionClosed) -> None:
+        """websockets closes a peer that breaks the WebSocket protocol (or sends a
+        message over the packet limit) without a word: say it, once, here."""
+        sent = closed.sent
+        if closed.rcvd is None and sent is not None and sent.code in _PEER_FAULTS:
+            address = self._ws.remote_address
+            peer = f"{address[0]}:{address[1]}" if address else "?"
+            log.info("mqtt_ws: closing %s: %s", peer, sent)
 
     def limit_packets(self, max_bytes: int) -> None:
         # websockets buffers a whole message before recv() returns: bound it (a

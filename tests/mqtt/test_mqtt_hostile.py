@@ -15,6 +15,8 @@ from contextlib import contextmanager
 
 import pytest
 from websockets.exceptions import ConnectionClosed
+from websockets.http11 import Request
+from websockets.server import ServerProtocol
 from websockets.sync.client import connect as ws_connect
 from websockets.typing import Subprotocol
 
@@ -22,6 +24,7 @@ from gateway.fairness import SLICE
 from protocols.mqtt import codec
 from protocols.mqtt.broker import Broker
 from protocols.mqtt.services import serving
+from protocols.mqtt.ws_handshake import _send_eof_once
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import TIMEOUT, Paho, RawClient, mqtt_server, wait_until
 
@@ -333,10 +336,9 @@ def test_silent_websocket_is_closed_after_the_handshake_timeout(
     served: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     sock = socket.create_connection(("127.0.0.1", served.port("mqtt_ws")))  # no upgrade
-    # websockets logs nothing for this one: 5 s is far below its 10 s default and
-    # far above the 0.3 s configured.
-    sock.settimeout(5.0)
-    assert sock.recv(1) == b""
+    assert _closed_without_reply(sock) == b""
+    [line] = _lines_about(caplog, sock)
+    assert line.endswith("no WebSocket upgrade within 0.3 s")  # not websockets' silence
     url = f"ws://127.0.0.1:{served.port('mqtt_ws')}/mqtt"
     with (
         ws_connect(url, subprotocols=[Subprotocol("mqtt")]) as ws,
@@ -344,6 +346,33 @@ def test_silent_websocket_is_closed_after_the_handshake_timeout(
     ):
         ws.recv(timeout=TIMEOUT)
     assert _closed_for_no_handshake(caplog)
+
+
+def test_websocket_upgrade_and_connect_share_one_handshake_deadline(
+    served: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The deadline counts from the TCP accept, the upgrade included: a socket that
+    upgrades late (after a second socket was accepted) and never sends CONNECT is
+    closed before that second, silent, one. With a deadline of its own after the
+    upgrade it would be closed after it."""
+    port = served.port("mqtt_ws")
+    late = socket.create_connection(("127.0.0.1", port))
+    time.sleep(0.05)  # the attacker's pace, not a wait for the server
+    silent = socket.create_connection(("127.0.0.1", port))
+    time.sleep(0.05)
+    late.sendall(_UPGRADE)
+    late.settimeout(TIMEOUT)
+    assert late.recv(12) == b"HTTP/1.1 101"
+    wait_until(
+        lambda: bool(_lines_about(caplog, late)) and bool(_lines_about(caplog, silent)),
+        what="both sockets closed",
+    )
+    [late_line] = _lines_about(caplog, late)
+    [silent_line] = _lines_about(caplog, silent)
+    assert late_line.endswith("no CONNECT within 0.3 s")
+    assert silent_line.endswith("no WebSocket upgrade within 0.3 s")
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines.index(late_line) < lines.index(silent_line)
 
 
 def test_connected_client_is_not_held_to_the_handshake_timeout(served: LiveServer) -> None:
@@ -401,6 +430,123 @@ def test_packets_being_read_hold_the_frame_budget(served: LiveServer) -> None:
     wait_until(lambda: budget.held == len(one), what="the dropped packet's reservation")
     dropped.close()
     wait_until(lambda: budget.held == 0, what="a dropped connection's bytes back")
+
+
+# -- MQTT over WebSocket: what websockets makes of a bad upgrade --------------------------
+
+_UPGRADE = (
+    b"GET /mqtt HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+    b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+    b"Sec-WebSocket-Protocol: mqtt\r\n\r\n"
+)
+_UNMASKED = b"\x82\x01\x00"  # a client's frame must be masked (RFC 6455 5.1)
+
+
+def _lines_about(caplog: pytest.LogCaptureFixture, sock: socket.socket) -> list[str]:
+    """What the server logged about the peer ``sock`` is."""
+    host, port = sock.getsockname()[:2]
+    peer = f"{host}:{port}"
+    return [r.getMessage() for r in caplog.records if peer in r.getMessage()]
+
+
+def _upgrade_refused(
+    served: LiveServer, caplog: pytest.LogCaptureFixture, data: bytes, *, half_close: bool
+) -> tuple[bytes, str]:
+    """Send ``data`` (then EOF if ``half_close``) and keep the socket open until the
+    server has logged why it closed it (a peer hanging up first would spare websockets
+    the path that fails). What it answered and its one line about the peer."""
+    sock = socket.create_connection(("127.0.0.1", served.port("mqtt_ws")))
+    sock.sendall(data)
+    if half_close:
+        sock.shutdown(socket.SHUT_WR)
+    wait_until(lambda: bool(_lines_about(caplog, sock)), what="the server's line about it")
+    answer = _closed_without_reply(sock)
+    [line] = _lines_about(caplog, sock)
+    sock.close()
+    return answer, line
+
+
+@pytest.mark.parametrize(
+    ("data", "half_close", "says"),
+    [
+        pytest.param(  # websockets: InvalidMessage, logged as ERROR with a traceback
+            b"GET / HTTP/1.1\r\nHost: x\r\nSec-WebSocket-Pro\xff\xffcol: mqtt\r\n\r\n",
+            False,
+            "invalid HTTP header name: Sec-WebSocket-Pro\\xff\\xffcol",
+            id="bad-header-name",
+        ),
+        pytest.param(
+            _UPGRADE[:40], True, "did not receive a valid HTTP request", id="eof-mid-request"
+        ),
+        pytest.param(  # websockets: ConnectionClosedError (RuntimeError writing its 101)
+            _UPGRADE + _UNMASKED,
+            False,
+            "the bytes after the request are not frames: incorrect masking",
+            id="upgrade-then-unmasked-frame",
+        ),
+        pytest.param(  # websockets: AssertionError (a second EOF after its rejection)
+            _UPGRADE.replace(b"Upgrade: websocket\r\n", b"") + _UNMASKED,
+            False,
+            "the bytes after the request are not frames: incorrect masking",
+            id="refused-upgrade-then-unmasked-frame",
+        ),
+    ],
+)
+def test_bad_websocket_upgrade_is_closed_with_one_line(
+    served: LiveServer,
+    caplog: pytest.LogCaptureFixture,
+    data: bytes,
+    half_close: bool,
+    says: str,
+) -> None:
+    answer, line = _upgrade_refused(served, caplog, data, half_close=half_close)
+    assert answer == b""
+    assert says in line, line
+    assert line.isascii()
+
+
+@pytest.mark.parametrize(
+    ("header", "value"),
+    [("Upgrade", b"websock\xe5t"), ("Sec-WebSocket-Version", b"\x80\x80 13")],
+)
+def test_non_ascii_upgrade_header_gets_400(
+    served: LiveServer, caplog: pytest.LogCaptureFixture, header: str, value: bytes
+) -> None:
+    """websockets would quote the value in its own 400 and fail encoding it
+    (UnicodeEncodeError, logged as ERROR with a traceback, and no answer)."""
+    start = f"{header}: ".encode()
+    lines = [start + value if line.startswith(start) else line for line in _UPGRADE.split(b"\r\n")]
+    answer, line = _upgrade_refused(served, caplog, b"\r\n".join(lines), half_close=False)
+    assert answer.startswith(b"HTTP/1.1 400 Bad Request\r\n")
+    assert f"{header} is not ASCII" in line
+
+
+def test_broken_websocket_frame_after_the_upgrade_is_one_line(
+    served: LiveServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    sock = socket.create_connection(("127.0.0.1", served.port("mqtt_ws")))
+    sock.sendall(_UPGRADE)
+    sock.settimeout(TIMEOUT)
+    assert sock.recv(12) == b"HTTP/1.1 101"
+    sock.sendall(_UNMASKED)
+    wait_until(lambda: bool(_lines_about(caplog, sock)), what="the server's line about it")
+    [line] = _lines_about(caplog, sock)
+    assert line.endswith("1002 (protocol error) incorrect masking")
+
+
+def test_refusal_after_the_parser_failed_sends_one_eof() -> None:
+    """The library's side of the race the live test above cannot pin down: bytes that
+    are not frames arrive after a request and before its answer (websockets half-closes
+    at once), then the answer is a refusal, which half-closes again: ``assert not
+    self.eof_sent`` (15.0.1 to 17.4) unless the second EOF is a no-op."""
+    protocol = ServerProtocol()
+    _send_eof_once(protocol)
+    protocol.receive_data(_UPGRADE.replace(b"Upgrade: websocket\r\n", b"") + _UNMASKED)
+    [request] = protocol.events_received()
+    assert isinstance(request, Request) and protocol.eof_sent
+    protocol.send_response(protocol.accept(request))  # 426: no AssertionError
+    sent = protocol.data_to_send()
+    assert sent[-1].startswith(b"HTTP/1.1 426") and sent.count(b"") == 1  # one EOF
 
 
 # -- a server with a short packet deadline and deeper topics allowed ---------------------
