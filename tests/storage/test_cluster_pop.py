@@ -13,7 +13,7 @@ from nameserver.model import NodeStatus
 from storage.cluster import ClusterStorage
 from storage.cluster_pop import Overflow, pop_spread
 from storage.cluster_routes import Node, NodeClient
-from storage.errors import InvalidReceipt
+from storage.errors import InvalidArgument, InvalidName, InvalidReceipt, StorageError
 from storage.model import (
     AppendRequest,
     GroupConfig,
@@ -92,6 +92,32 @@ async def test_ack_many_over_several_nodes(pool: Pool, cluster: ClusterStorage) 
     assert outcomes == [None, "invalid_receipt", None, None]
     for queue in queues:
         assert await cluster.pending_count(NS, "g", queue) == 0
+
+
+@pytest.mark.parametrize(
+    ("group", "max_messages", "invisible_ms", "error"),
+    [
+        ("", 1, 0, InvalidName),
+        ("g", 0, 0, InvalidArgument),
+        ("g", 1, -1, InvalidArgument),
+    ],
+)
+async def test_a_pop_over_several_nodes_checks_its_arguments_as_one_node_does(
+    pool: Pool,
+    cluster: ClusterStorage,
+    group: str,
+    max_messages: int,
+    invisible_ms: int,
+    error: type[StorageError],
+) -> None:
+    queues = await _three_topics(pool, cluster)
+    with pytest.raises(error) as one_node:
+        await cluster.pop(
+            NS, group, queues[:1], max_messages=max_messages, invisible_ms=invisible_ms
+        )
+    with pytest.raises(error) as spread:
+        await cluster.pop(NS, group, queues, max_messages=max_messages, invisible_ms=invisible_ms)
+    assert str(spread.value) == str(one_node.value)
 
 
 async def test_pop_without_waiting_collects_from_several_nodes(
