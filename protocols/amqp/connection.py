@@ -38,7 +38,7 @@ from protocols.amqp.codec import (
 from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from protocols.amqp.fields import FieldError, decode_table
 from protocols.amqp.flow import FlowControl
-from protocols.amqp.vhost import VirtualHost, VirtualHosts
+from protocols.amqp.vhost import AmqpServices, VirtualHost
 from storage.errors import StorageError
 
 __all__ = ["AmqpConnection"]
@@ -74,14 +74,14 @@ class AmqpConnection:
     def __init__(
         self,
         context: ListenerContext,
-        vhosts: VirtualHosts,
+        services: AmqpServices,
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         flow: FlowControl | None = None,
     ) -> None:
         self._context = context
         self._flow = flow
-        self._vhosts = vhosts
+        self._services = services
         self._reader = reader
         self._writer = writer
         self.processor = context.processor
@@ -118,7 +118,7 @@ class AmqpConnection:
         self._connection_id = current_connection_id()
         # Exclusive queues belong to this key: unique across gateways (it names this
         # gateway's instance) even without a registry id.
-        self.key = f"{vhosts.membership.instance}/{self._connection_id}:{id(self)}"
+        self.key = f"{services.membership.instance}/{self._connection_id}:{id(self)}"
         self._closing = asyncio.Event()
         self._blocked_capable = False
 
@@ -568,7 +568,7 @@ class AmqpConnection:
             connection_id=caller.connection_id,
             client_id=caller.client_id,
         )
-        self._vhost = await self._vhosts.get(self._caller)
+        self._vhost = await self._services.get(self._caller)
         if self._connection_id is not None:
             self._context.connections.identify(
                 self._connection_id,

@@ -12,7 +12,7 @@ from pamqp import commands
 
 from protocols.amqp import errors
 from protocols.amqp.errors import AmqpError, ConnectionError_
-from protocols.amqp.vhost import QueueDef
+from protocols.amqp.queues import QueueDef
 from storage.errors import TopicNotFound
 from storage.model import StoredMessage
 

@@ -12,13 +12,14 @@ from pamqp import commands
 
 from gateway.processor import Caller, Processor
 from protocols import interop
+from protocols.amqp.definitions import VhostView
 from protocols.amqp.properties import (
     RAW_PROPERTIES,
     decode_properties,
     encode_properties,
     to_message,
 )
-from protocols.amqp.vhost import QueueDef, VirtualHost
+from protocols.amqp.queues import QueueDef
 from storage.model import AppendRequest, StoredMessage
 
 __all__ = ["add_death", "dead_letter"]
@@ -75,7 +76,7 @@ def add_death(
 async def dead_letter(
     processor: Processor,
     caller: Caller,
-    vhost: VirtualHost,
+    vhost: VhostView,
     queue: QueueDef,
     stored: StoredMessage,
     reason: str,

@@ -9,8 +9,8 @@ from pamqp import commands
 
 from protocols.amqp import errors
 from protocols.amqp.errors import ChannelError
+from protocols.amqp.queues import json_safe
 from protocols.amqp.routing import Binding
-from protocols.amqp.vhost import json_safe
 
 if TYPE_CHECKING:
     from protocols.amqp.channel import Channel

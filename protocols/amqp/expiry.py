@@ -18,8 +18,9 @@ from typing import Final
 
 from gateway.processor import Caller
 from protocols.amqp.dead_letter import dead_letter
+from protocols.amqp.definitions import VhostView
 from protocols.amqp.publishing import EXPIRES_AT
-from protocols.amqp.vhost import QueueDef, VirtualHost
+from protocols.amqp.queues import QueueDef
 from storage.errors import StorageError
 from storage.model import QueueRef, StoredMessage
 
@@ -44,7 +45,7 @@ def expires_at(queue: QueueDef, stored: StoredMessage) -> int | None:
     return at
 
 
-async def sweep_once(caller: Caller, vhost: VirtualHost, queue: QueueDef) -> int | None:
+async def sweep_once(caller: Caller, vhost: VhostView, queue: QueueDef) -> int | None:
     """One pass over the queue's heads: remove what has expired. Returns when the
     next head expires (ms since the epoch), ``None`` if the queue is empty."""
     due: int | None = None
@@ -57,7 +58,7 @@ async def sweep_once(caller: Caller, vhost: VirtualHost, queue: QueueDef) -> int
 
 
 async def _sweep_head(
-    caller: Caller, vhost: VirtualHost, queue: QueueDef, ref: QueueRef
+    caller: Caller, vhost: VhostView, queue: QueueDef, ref: QueueRef
 ) -> int | None:
     processor = vhost.processor
     head = await processor.consumed_below(caller, queue.group, ref)
@@ -99,7 +100,7 @@ async def _sweep_head(
 
 
 async def sweep_expired(
-    caller: Caller, vhost: VirtualHost, queue: QueueDef, first_look_ms: int = 0
+    caller: Caller, vhost: VhostView, queue: QueueDef, first_look_ms: int = 0
 ) -> None:
     """The sweeper of a queue: while it exists if it has a TTL (``x-message-ttl``),
     else (started for a message with ``expiration``) until the head does not expire.

@@ -8,7 +8,7 @@ from gateway.listeners import Listener, ListenerContext, TcpListener
 from protocols.amqp.changes import Membership
 from protocols.amqp.connection import AmqpConnection
 from protocols.amqp.flow import FlowControl
-from protocols.amqp.vhost import VirtualHosts
+from protocols.amqp.vhost import AmqpServices
 
 __all__ = ["AmqpListener", "amqp_listener"]
 
@@ -21,12 +21,12 @@ class AmqpListener(TcpListener):
     def __init__(self, context: ListenerContext, *, flow: FlowControl | None = None) -> None:
         gateway_id = context.config.cluster.gateway_id or context.directory.self_id
         membership = Membership(context.directory, context.name, gateway_id)
-        self._vhosts = VirtualHosts(context.processor, membership)
+        self._services = AmqpServices(context.processor, membership)
         self.flow = flow or FlowControl()
-        vhosts, flow = self._vhosts, self.flow
+        services, flow = self._services, self.flow
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await AmqpConnection(context, vhosts, reader, writer, flow).run()
+            await AmqpConnection(context, services, reader, writer, flow).run()
 
         super().__init__(
             name=context.name,
@@ -44,7 +44,7 @@ class AmqpListener(TcpListener):
         try:
             await super().stop()
         finally:
-            await self._vhosts.close()
+            await self._services.close()
 
 
 def amqp_listener(context: ListenerContext) -> Listener:

@@ -2,27 +2,42 @@
 
 Definitions are persisted as metadata through the processor (kinds
 ``amqp.exchange``, ``amqp.queue``, ``amqp.binding``, and ``amqp.consumer`` for the
-consumers of every gateway) and cached here; routing is computed from the cache.
-Several gateways may serve one vhost: each change is also written to the vhost's
-change log (:mod:`protocols.amqp.changes`), which every gateway tails to keep its
-cache current, and a change returns once the live gateways have it. Queues are
-described in :mod:`protocols.amqp.queues`.
+consumers of every gateway) and cached (:mod:`protocols.amqp.definitions`); routing
+is computed from the cache. Several gateways may serve one vhost: each change is
+also written to the vhost's change log (:mod:`protocols.amqp.changes`), which every
+gateway tails to keep its cache current, and a change returns once the live gateways
+have it. The work no call does (trimming, reaping, expiry) is in
+:mod:`protocols.amqp.chores`; queues are described in :mod:`protocols.amqp.queues`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import secrets
-from collections.abc import Coroutine, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from gateway.processor import Caller, Processor
 from protocols.amqp import errors
-from protocols.amqp.changes import CHANGES_TOPIC, Change, ChangeLog, Membership
+from protocols.amqp.changes import Change, ChangeLog, Membership
+from protocols.amqp.chores import Chores
+from protocols.amqp.definitions import (
+    BINDING,
+    CONSUMER,
+    EXCHANGE,
+    GROUP_CONFIG,
+    QUEUE,
+    Definitions,
+    binding_from_json,
+    binding_json,
+    binding_key,
+    exchange_from_json,
+    exchange_json,
+)
 from protocols.amqp.errors import ChannelError, ConnectionError_
+from protocols.amqp.queue_arguments import check_equivalent, validate_arguments
 from protocols.amqp.queues import (
     GROUP,
     TOPIC_PREFIX,
@@ -32,93 +47,23 @@ from protocols.amqp.queues import (
     json_safe,
 )
 from protocols.amqp.reply_to import ReplyRouter
-from protocols.amqp.routing import DEFAULT_EXCHANGES, EXCHANGE_TYPES, Binding, Exchange, route
-from storage.errors import InvalidName, StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import UNLIMITED, GroupConfig, QueueRef, TopicConfig
-from storage.names import check_name
+from protocols.amqp.routing import EXCHANGE_TYPES, Binding, Exchange
+from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from storage.model import UNLIMITED, TopicConfig
 
 __all__ = [
     "GROUP",
     "TOPIC_PREFIX",
+    "AmqpServices",
     "QueueConsumer",
     "QueueDef",
     "VirtualHost",
-    "VirtualHosts",
     "json_safe",
 ]
 
 log = logging.getLogger(__name__)
 
-_TRIM_EVERY_S: Final = 30.0
-_REAP_EVERY_S: Final = 1.0
-# A peer gateway missing from the directory this long is gone: its exclusive and
-# transient queues and its consumers are removed (a restart under the same id at once).
-_REAP_GRACE_S: Final = 3.0
 _REACH_ATTEMPTS: Final = 100
-_EXCHANGE: Final = "amqp.exchange"
-_QUEUE: Final = "amqp.queue"
-_BINDING: Final = "amqp.binding"
-_CONSUMER: Final = "amqp.consumer"
-_GROUP_CONFIG: Final = GroupConfig(max_delivery_attempts=None, dead_letter=False)
-# Arguments compared on re-declare (RabbitMQ's "inequivalent arg" check).
-_QUEUE_EQUIVALENCE: Final = (
-    "x-message-ttl",
-    "x-expires",
-    "x-max-length",
-    "x-overflow",
-    "x-dead-letter-exchange",
-    "x-dead-letter-routing-key",
-    "x-max-priority",
-    "x-queue-type",
-    "x-single-active-consumer",
-    "x-polymq-topic",
-)
-
-
-def _binding_key(binding: Binding) -> str:
-    return hashlib.sha1(binding.id.encode(), usedforsecurity=False).hexdigest()
-
-
-def _exchange_json(exchange: Exchange, home: str) -> dict[str, Any]:
-    return {
-        "type": exchange.type,
-        "durable": exchange.durable,
-        "auto_delete": exchange.auto_delete,
-        "internal": exchange.internal,
-        "arguments": dict(exchange.arguments),
-        "home": home,
-    }
-
-
-def _exchange_from_json(name: str, value: Mapping[str, Any]) -> Exchange:
-    return Exchange(
-        name=name,
-        type=value["type"],
-        durable=value["durable"],
-        auto_delete=value["auto_delete"],
-        internal=value["internal"],
-        arguments=value["arguments"],
-    )
-
-
-def _binding_json(binding: Binding) -> dict[str, Any]:
-    return {
-        "source": binding.source,
-        "destination": binding.destination,
-        "routing_key": binding.routing_key,
-        "to_exchange": binding.to_exchange,
-        "arguments": [list(pair) for pair in binding.arguments],
-    }
-
-
-def _binding_from_json(value: Mapping[str, Any]) -> Binding:
-    return Binding(
-        source=value["source"],
-        destination=value["destination"],
-        routing_key=value["routing_key"],
-        to_exchange=value["to_exchange"],
-        arguments=tuple((k, v) for k, v in value["arguments"]),
-    )
 
 
 class VirtualHost:
@@ -135,20 +80,12 @@ class VirtualHost:
         self._changes: ChangeLog | None = None
         self._last_change = -1  # the offset of this gateway's latest change
         self._caller: Caller | None = None
-        self._sweepers: dict[str, asyncio.Task[None]] = {}
-        self._background: list[asyncio.Task[None]] = []
-        self._spawned: set[asyncio.Task[None]] = set()
-        self._trimmed: dict[QueueRef, int] = {}  # the prefix each queue was trimmed to
-        self._absent_since: dict[str, float] = {}  # gateway id -> first seen missing
-        self._tails: dict[str, str | None] = {}  # peer gateway id -> its tailing instance
-        self.exchanges: dict[str, Exchange] = {e.name: e for e in DEFAULT_EXCHANGES}
-        self._exchange_homes: dict[str, str] = {}  # transient exchanges' gateway instance
-        self.queues: dict[str, QueueDef] = {}
-        self._bindings: dict[str, Binding] = {}
-        self._by_source: dict[str, list[Binding]] = {}
-        self._route_cache: dict[tuple[str, str], frozenset[str]] = {}
+        self.definitions = Definitions()
+        # The cache's own dicts (never replaced), read on every publish.
+        self.exchanges: dict[str, Exchange] = self.definitions.exchanges
+        self.queues: dict[str, QueueDef] = self.definitions.queues
         self._lock = asyncio.Lock()
-        self._expiry_tasks: dict[str, asyncio.Task[None]] = {}
+        self._chores = Chores(self)
         # Direct reply-to (amq.rabbitmq.reply-to): the consuming channels' sinks.
         self.replies = ReplyRouter(processor, namespace, self.membership.gateway_id)
 
@@ -156,122 +93,33 @@ class VirtualHost:
     def processor(self) -> Processor:
         return self._processor
 
-    # -- background work -------------------------------------------------------------
+    # What the chores (protocols.amqp.chores) use of this vhost.
+
+    @property
+    def changes(self) -> ChangeLog | None:
+        return self._changes
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        return self._lock
+
+    @property
+    def last_change(self) -> int:
+        return self._last_change
 
     async def trim_consumed(self, caller: Caller) -> None:
-        """Let storage reclaim consumed messages: each queue's log is trimmed
-        (``delete_records``) up to the group's fully acked prefix (``consumed_below``),
-        so acked messages do not hold disk even in a queue that never drains. Only
-        :data:`GROUP` reads a (non-stream) AMQP queue, so nothing below that prefix can
-        be wanted again. A view's topic belongs to others and is never trimmed. Run
-        every :data:`_TRIM_EVERY_S` by the queue's owner gateway, not per ack: one
-        cheap look per storage queue, a deletion only when the prefix moved."""
-        for queue in list(self.queues.values()):
-            if queue.is_stream or queue.view_topic is not None:
-                continue
-            if not self.membership.is_owner(queue.name):
-                continue
-            for ref in queue.refs(self.namespace):
-                try:
-                    below = await self._processor.consumed_below(caller, GROUP, ref)
-                    if below > self._trimmed.get(ref, -1):
-                        bounds = await self._processor.queue_offsets(caller, ref)
-                        if below > bounds.earliest:
-                            await self._processor.delete_records(caller, ref, below)
-                        self._trimmed[ref] = below
-                except StorageError as e:  # deleted meanwhile, or storage trouble
-                    log.debug("amqp: trimming %s skipped: %s", ref, e)
-                    self._trimmed.pop(ref, None)
-
-    async def _trim_periodically(self, caller: Caller) -> None:
-        while True:
-            await asyncio.sleep(_TRIM_EVERY_S)
-            await self.trim_consumed(caller)
-
-    async def _reap_periodically(self, caller: Caller) -> None:
-        while True:
-            await asyncio.sleep(_REAP_EVERY_S)
-            try:
-                await self.reap(caller)
-            except StorageError as e:
-                log.debug("amqp: reaping skipped: %s", e)
+        """Let storage reclaim consumed messages now (the chores do it periodically)."""
+        await self._chores.trim_consumed(caller)
 
     async def reap(self, caller: Caller) -> None:
-        """Remove what belonged to gateways that are gone (RabbitMQ removes a dead
-        node's exclusive and transient queues): their exclusive and transient
-        queues and exchanges, and their consumers. One gateway per queue does it.
-        Gone: out of the directory for a while, or not (or under another instance)
-        tailing this vhost's change log, which every gateway with a connection in it
-        does (a gateway restarted at once under its id is never out of the directory)."""
-        await self._look_at_tails()
-        for queue in list(self.queues.values()):
-            if not self.membership.is_owner(queue.name):
-                continue
-            if queue.home and self._gone(queue.home):
-                async with self._lock:
-                    await self._delete_queue_locked(caller, queue)
-                continue
-            for consumer_id, entry in list(queue.registry.items()):
-                if self._gone(entry.instance):
-                    await self._unregister(caller, queue, consumer_id)
-        for name, home in list(self._exchange_homes.items()):
-            if home and self._gone(home) and self.membership.is_owner(name):
-                async with self._lock:
-                    if name in self.exchanges:
-                        await self._delete_exchange_locked(caller, name)
-
-    async def _look_at_tails(self) -> None:
-        """Which instance of each peer with consumers or queues here tails the vhost."""
-        if self._changes is None:
-            return
-        instances = {q.home for q in self.queues.values() if q.home}
-        instances |= {e.instance for q in self.queues.values() for e in q.registry.values()}
-        peers = {i.partition("#")[0] for i in instances} - {self.membership.gateway_id}
-        tails: dict[str, str | None] = {}
-        for gateway_id in peers:
-            tails[gateway_id] = await self._changes.tailing_instance(gateway_id)
-        self._tails = tails
-
-    def _gone(self, instance: str) -> bool:
-        """Whether the gateway instance has ended: at once for this gateway's earlier
-        runs, for a peer after :data:`_REAP_GRACE_S` out of the directory or not
-        tailing the vhost as that instance."""
-        membership = self.membership
-        gateway_id = instance.partition("#")[0]
-        if gateway_id == membership.gateway_id:
-            return instance != membership.instance
-        if gateway_id in self._tails:
-            if self._tails[gateway_id] != instance:
-                return self._absent_for(gateway_id + "\0tail")
-            self._absent_since.pop(gateway_id + "\0tail", None)
-        if membership.is_live(instance):
-            self._absent_since.pop(gateway_id, None)
-            return False
-        return self._absent_for(gateway_id)
-
-    def _absent_for(self, key: str) -> bool:
-        now = asyncio.get_running_loop().time()
-        since = self._absent_since.setdefault(key, now)
-        return now - since >= _REAP_GRACE_S
+        """Remove what gone gateways left now (the chores do it periodically)."""
+        await self._chores.reap(caller)
 
     async def close(self) -> None:
         await self.replies.close()
         if self._changes is not None:
             await self._changes.close()
-        tasks = [
-            *self._background,
-            *self._expiry_tasks.values(),
-            *self._sweepers.values(),
-            *self._spawned,
-        ]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._spawned.add(task)
-        task.add_done_callback(self._spawned.discard)
+        await self._chores.close()
 
     # -- loading ---------------------------------------------------------------------
 
@@ -279,47 +127,47 @@ class VirtualHost:
         """Read the definitions back, then follow the change log from where it ended
         before reading them; drop what does not outlive its gateway (transient or
         exclusive queues, transient exchanges, consumers of an earlier run)."""
-        p = self._processor
+        p, defs, gone = self._processor, self.definitions, self._chores.gone
         self._caller = caller
         changes = ChangeLog(p, caller, self.membership, self._apply)
         start = await changes.open()
         self._changes = changes  # what is dropped here is announced (gateways running on)
-        await p.set_group_config(caller, GROUP, _GROUP_CONFIG)
-        for name, value in (await p.meta_list(caller, _EXCHANGE)).items():
+        await p.set_group_config(caller, GROUP, GROUP_CONFIG)
+        for name, value in (await p.meta_list(caller, EXCHANGE)).items():
             home = str(value.get("home") or "")
-            if value["durable"] or (home and not self._gone(home)):
-                self.exchanges[name] = _exchange_from_json(name, value)
+            if value["durable"] or (home and not gone(home)):
+                self.exchanges[name] = exchange_from_json(name, value)
                 if not value["durable"]:
-                    self._exchange_homes[name] = home
+                    defs.exchange_homes[name] = home
             else:
-                await p.meta_delete(caller, _EXCHANGE, name)
+                await p.meta_delete(caller, EXCHANGE, name)
                 await self._emit(caller, "exchange", name, None)
-        for name, value in (await p.meta_list(caller, _QUEUE)).items():
+        for name, value in (await p.meta_list(caller, QUEUE)).items():
             queue = QueueDef.from_json(name, value)
             lasting = queue.durable and queue.exclusive_owner is None
-            if lasting or (queue.home and not self._gone(queue.home)):
+            if lasting or (queue.home and not gone(queue.home)):
                 self._add_queue(caller, queue)
                 if queue.view_topic is not None:
-                    await p.set_group_config(caller, queue.group, _GROUP_CONFIG)
+                    await p.set_group_config(caller, queue.group, GROUP_CONFIG)
                     await self.resolve_view(caller, queue)
             else:
                 await self._drop_queue_storage(caller, queue)
                 await self._emit(caller, "queue", name, None)
-        for key, value in (await p.meta_list(caller, _BINDING)).items():
-            binding = _binding_from_json(value)
+        for key, value in (await p.meta_list(caller, BINDING)).items():
+            binding = binding_from_json(value)
             target = self.exchanges if binding.to_exchange else self.queues
             if binding.source in self.exchanges and binding.destination in target:
-                self._add_binding(binding)
+                defs.add_binding(binding)
             else:
-                await p.meta_delete(caller, _BINDING, key)
+                await p.meta_delete(caller, BINDING, key)
                 await self._emit(caller, "binding", binding.id, None)
-        for consumer_id, value in (await p.meta_list(caller, _CONSUMER)).items():
+        for consumer_id, value in (await p.meta_list(caller, CONSUMER)).items():
             found = self.queues.get(str(value.get("queue")))
             instance = str(value.get("instance", ""))
-            if found is None or self._gone(instance):
-                await p.meta_delete(caller, _CONSUMER, consumer_id)
-                gone = {"queue": str(value.get("queue")), "gone": True}
-                await self._emit(caller, "consumer", consumer_id, gone)
+            if found is None or gone(instance):
+                await p.meta_delete(caller, CONSUMER, consumer_id)
+                gone_value = {"queue": str(value.get("queue")), "gone": True}
+                await self._emit(caller, "consumer", consumer_id, gone_value)
                 continue
             found.registry[consumer_id] = ConsumerEntry(
                 serial=int(value["serial"]), exclusive=bool(value["exclusive"]), instance=instance
@@ -327,10 +175,7 @@ class VirtualHost:
             found.ever_consumed = True
         await changes.start(start)
         await self.replies.open(caller)
-        self._background = [
-            asyncio.create_task(self._trim_periodically(caller)),
-            asyncio.create_task(self._reap_periodically(caller)),
-        ]
+        self._chores.start(caller)
 
     # -- the change log --------------------------------------------------------------
 
@@ -348,7 +193,7 @@ class VirtualHost:
         self._last_change = max(self._last_change, offset)
         return offset
 
-    async def _settle(self, before: int) -> None:
+    async def settle(self, before: int) -> None:
         """After a change made since ``before``: wait until the live peers have it."""
         if self._changes is not None and self._last_change > before:
             await self._changes.barrier(self._last_change)
@@ -359,25 +204,9 @@ class VirtualHost:
         it)."""
         value = change.value
         if change.kind == "exchange":
-            self._route_cache.clear()
-            if value is None:
-                self.exchanges.pop(change.name, None)
-                self._exchange_homes.pop(change.name, None)
-                for binding in list(self._bindings.values()):  # announced too; to be sure
-                    name = change.name
-                    if binding.source == name or (
-                        binding.to_exchange and binding.destination == name
-                    ):
-                        self._forget_binding(binding.id)
-            else:
-                self.exchanges[change.name] = _exchange_from_json(change.name, value)
-                if not value["durable"]:
-                    self._exchange_homes[change.name] = str(value.get("home") or "")
+            self.definitions.apply_exchange(change.name, value)
         elif change.kind == "binding":
-            if value is None:
-                self._forget_binding(change.name)
-            elif change.name not in self._bindings:
-                self._add_binding(_binding_from_json(value))
+            self.definitions.apply_binding(change.name, value)
         elif change.kind == "queue":
             existing = self.queues.get(change.name)
             if value is None:
@@ -406,7 +235,7 @@ class VirtualHost:
                 return
             queue.last_used = asyncio.get_running_loop().time()
             if self._unused_auto_delete(queue) and self.membership.is_owner(queue.name):
-                self._spawn(self._delete_if_unused(queue))
+                self._chores.spawn(self._delete_if_unused(queue))
         else:
             queue.registry[consumer_id] = ConsumerEntry(
                 serial=offset,
@@ -475,14 +304,14 @@ class VirtualHost:
                 arguments=json_safe(dict(arguments)),
             )
             home = "" if durable else self.membership.instance
-            value = _exchange_json(exchange, home)
-            await self._processor.meta_put(caller, _EXCHANGE, name, value)
+            value = exchange_json(exchange, home)
+            await self._processor.meta_put(caller, EXCHANGE, name, value)
             self.exchanges[name] = exchange
             if home:
-                self._exchange_homes[name] = home
-            self._route_cache.clear()
+                self.definitions.exchange_homes[name] = home
+            self.definitions.routes_changed()
             await self._emit(caller, "exchange", name, value)
-        await self._settle(before)
+        await self.settle(before)
 
     async def delete_exchange(self, caller: Caller, name: str, *, if_unused: bool) -> None:
         ids = (40, 20)
@@ -494,19 +323,17 @@ class VirtualHost:
                 raise ChannelError(
                     errors.ACCESS_REFUSED, f"cannot delete reserved exchange '{name}'", *ids
                 )
-            if if_unused and self._by_source.get(name):
+            if if_unused and self.definitions.has_bindings_from(name):
                 raise ChannelError(errors.PRECONDITION_FAILED, f"exchange '{name}' in use", *ids)
-            await self._delete_exchange_locked(caller, name)
-        await self._settle(before)
+            await self.delete_exchange_locked(caller, name)
+        await self.settle(before)
 
-    async def _delete_exchange_locked(self, caller: Caller, name: str) -> None:
-        for binding in list(self._bindings.values()):
-            if binding.source == name or (binding.to_exchange and binding.destination == name):
-                await self._remove_binding(caller, binding)
-        await self._processor.meta_delete(caller, _EXCHANGE, name)
-        self.exchanges.pop(name, None)
-        self._exchange_homes.pop(name, None)
-        self._route_cache.clear()
+    async def delete_exchange_locked(self, caller: Caller, name: str) -> None:
+        """Delete an exchange and its bindings (the caller holds :attr:`lock`)."""
+        for binding in self.definitions.bindings_of_exchange(name):
+            await self._remove_binding(caller, binding)
+        await self._processor.meta_delete(caller, EXCHANGE, name)
+        self.definitions.forget_exchange(name)
         await self._emit(caller, "exchange", name, None)
 
     # -- queues ----------------------------------------------------------------------
@@ -560,9 +387,9 @@ class VirtualHost:
                     f"queue name '{name}' contains reserved prefix 'amq.*'",
                     *ids,
                 )
-            self._validate_arguments(queue)
+            validate_arguments(queue)
             if queue.view_topic is not None:
-                await self._processor.set_group_config(caller, queue.group, _GROUP_CONFIG)
+                await self._processor.set_group_config(caller, queue.group, GROUP_CONFIG)
                 await self.resolve_view(caller, queue)
             else:
                 config = TopicConfig(queue_count=queue.max_priority + 1, retention_ms=UNLIMITED)
@@ -575,24 +402,24 @@ class VirtualHost:
                     # Left over by a crash between creating the topic and its metadata.
                     await self._processor.delete_topic(caller, queue.topic)
                     await self._processor.create_topic(caller, queue.topic, config)
-            await self._processor.meta_put(caller, _QUEUE, name, queue.to_json())
+            await self._processor.meta_put(caller, QUEUE, name, queue.to_json())
             self._add_queue(caller, queue)
             await self._emit(caller, "queue", name, queue.to_json())
             # Every queue is bound to the default exchange by its name: implicit in route.
-        await self._settle(before)
+        await self.settle(before)
         return queue
 
     def _redeclare(self, caller: Caller, wanted: QueueDef, owner: str, passive: bool) -> QueueDef:
         """A declare of a queue that exists: ``wanted`` must be equivalent to it."""
         queue = self.queue(wanted.name, owner, 50, 10)
         if not passive:  # a redeclare counts as use (x-expires), a probe does not
-            self._check_equivalent(queue, wanted)
+            check_equivalent(queue, wanted)
             self.touch(caller, queue)
         return queue
 
     async def _adopt(self, caller: Caller, name: str) -> QueueDef | None:
         """The definition another gateway stored for ``name``, now in the cache."""
-        value = await self._processor.meta_get(caller, _QUEUE, name)
+        value = await self._processor.meta_get(caller, QUEUE, name)
         if value is None:
             return None
         existing = self.queues.get(name)
@@ -607,10 +434,8 @@ class VirtualHost:
     def _add_queue(self, caller: Caller, queue: QueueDef) -> None:
         self.queues[queue.name] = queue
         queue.last_used = asyncio.get_running_loop().time()
-        self._route_cache.clear()
-        self._schedule_expiry(caller, queue)
-        if queue.int_argument("x-message-ttl") is not None:
-            self._start_sweeper(caller, queue)
+        self.definitions.routes_changed()
+        self._chores.queue_added(caller, queue)
 
     async def _reach(self, caller: Caller, queue: QueueDef) -> None:
         """Wait (briefly) until storage answers for a queue another gateway made."""
@@ -638,81 +463,6 @@ class VirtualHost:
             queue.view_queues = 0
         return queue.view_queues
 
-    def _validate_arguments(self, queue: QueueDef) -> None:
-        def refuse(text: str) -> ChannelError:
-            return ChannelError(errors.PRECONDITION_FAILED, text, 50, 10)
-
-        if queue.is_stream and (
-            not queue.durable or queue.exclusive_owner is not None or queue.auto_delete
-        ):
-            raise refuse(
-                f"stream queue '{queue.name}' must be durable, not exclusive, not auto-delete"
-            )
-        for name in ("x-message-ttl", "x-expires", "x-max-length", "x-max-priority"):
-            value = queue.arguments.get(name)
-            if value is not None and (not isinstance(value, int) or value < 0):
-                raise refuse(f"invalid arg '{name}' for queue '{queue.name}': {value!r}")
-        if queue.arguments.get("x-expires") == 0:
-            raise refuse("invalid arg 'x-expires': must be positive")
-        overflow = queue.arguments.get("x-overflow", "drop-head")
-        if overflow not in ("drop-head", "reject-publish", "reject-publish-dlx"):
-            raise refuse(f"invalid arg 'x-overflow': {overflow!r}")
-        self._validate_view(queue)
-
-    @staticmethod
-    def _validate_view(queue: QueueDef) -> None:
-        """``x-polymq-topic``: a storage topic's name, not an AMQP queue's own topic or
-        polymq's bookkeeping; not combined with streams or priorities."""
-        key = "x-polymq-topic"
-        if key not in queue.arguments:
-            return
-        topic = queue.arguments[key]
-        try:
-            check_name("topic", topic)
-        except InvalidName as e:
-            raise ChannelError(
-                errors.PRECONDITION_FAILED, f"invalid arg '{key}': {e}", 50, 10
-            ) from e
-        if topic.startswith((TOPIC_PREFIX, "%")) or topic == CHANGES_TOPIC:
-            raise ChannelError(
-                errors.PRECONDITION_FAILED,
-                f"invalid arg '{key}': {topic!r} is not a storage topic a view may read",
-                50,
-                10,
-            )
-        for other in ("x-queue-type", "x-max-priority"):
-            if other in queue.arguments and not (
-                other == "x-queue-type" and queue.arguments[other] in ("classic", "quorum")
-            ):
-                raise ChannelError(
-                    errors.PRECONDITION_FAILED,
-                    f"'{key}' cannot be combined with '{other}' (queue '{queue.name}')",
-                    50,
-                    10,
-                )
-
-    @staticmethod
-    def _check_equivalent(queue: QueueDef, wanted: QueueDef) -> None:
-        durable = wanted.durable
-        if queue.durable != durable:
-            raise ChannelError(
-                errors.PRECONDITION_FAILED,
-                f"inequivalent arg 'durable' for queue '{queue.name}': received"
-                f" '{str(durable).lower()}' but current is '{str(queue.durable).lower()}'",
-                50,
-                10,
-            )
-        for key in _QUEUE_EQUIVALENCE:
-            given = wanted.arguments.get(key)
-            if given != queue.arguments.get(key):
-                raise ChannelError(
-                    errors.PRECONDITION_FAILED,
-                    f"inequivalent arg '{key}' for queue '{queue.name}': received {given!r}"
-                    f" but current is {queue.arguments.get(key)!r}",
-                    50,
-                    10,
-                )
-
     async def delete_queue(
         self,
         caller: Caller,
@@ -736,16 +486,16 @@ class VirtualHost:
             count = await self.message_count(caller, queue)
             if if_empty and count:
                 raise ChannelError(errors.PRECONDITION_FAILED, f"queue '{name}' not empty", *ids)
-            await self._delete_queue_locked(caller, queue)
-        await self._settle(before)
+            await self.delete_queue_locked(caller, queue)
+        await self.settle(before)
         return count
 
-    async def _delete_queue_locked(self, caller: Caller, queue: QueueDef) -> None:
+    async def delete_queue_locked(self, caller: Caller, queue: QueueDef) -> None:
+        """Delete a queue, its bindings and its storage (the caller holds :attr:`lock`)."""
         if self.queues.get(queue.name) is not queue:
             return
-        for binding in list(self._bindings.values()):
-            if not binding.to_exchange and binding.destination == queue.name:
-                await self._remove_binding(caller, binding)
+        for binding in self.definitions.bindings_to_queue(queue.name):
+            await self._remove_binding(caller, binding)
         self._forget_queue(queue)
         await self._drop_queue_storage(caller, queue)
         await self._emit(caller, "queue", queue.name, None)
@@ -754,17 +504,11 @@ class VirtualHost:
         """Take a deleted queue out of this gateway: cache, timers, consumers."""
         if self.queues.get(queue.name) is not queue:
             return
-        for binding in list(self._bindings.values()):
-            if not binding.to_exchange and binding.destination == queue.name:
-                self._forget_binding(binding.id)
+        for binding in self.definitions.bindings_to_queue(queue.name):
+            self.definitions.forget_binding(binding.id)
         del self.queues[queue.name]
-        for ref in queue.refs(self.namespace):
-            self._trimmed.pop(ref, None)  # a queue declared again starts at offset 0
-        self._route_cache.clear()
-        for tasks in (self._expiry_tasks, self._sweepers):
-            task = tasks.pop(queue.name, None)
-            if task is not None and task is not asyncio.current_task():
-                task.cancel()
+        self.definitions.routes_changed()
+        self._chores.queue_forgotten(queue)
         for consumer in list(queue.consumers):
             consumer.queue_deleted()
         queue.consumers.clear()
@@ -774,9 +518,9 @@ class VirtualHost:
             with contextlib.suppress(TopicNotFound):
                 await self._processor.delete_topic(caller, queue.topic)
         for consumer_id in list(queue.registry):
-            await self._processor.meta_delete(caller, _CONSUMER, consumer_id)
+            await self._processor.meta_delete(caller, CONSUMER, consumer_id)
         queue.registry.clear()
-        await self._processor.meta_delete(caller, _QUEUE, queue.name)
+        await self._processor.meta_delete(caller, QUEUE, queue.name)
 
     async def message_count(self, caller: Caller, queue: QueueDef) -> int:
         """Ready messages (not counting those delivered and unacked), as RabbitMQ."""
@@ -813,7 +557,7 @@ class VirtualHost:
         async with self._lock:
             for queue in list(self.queues.values()):
                 if queue.exclusive_owner == owner:
-                    await self._delete_queue_locked(caller, queue)
+                    await self.delete_queue_locked(caller, queue)
 
     # -- consumers -------------------------------------------------------------------
 
@@ -830,8 +574,8 @@ class VirtualHost:
             serial=offset, exclusive=consumer.exclusive, instance=self.membership.instance
         )
         queue.ever_consumed = True
-        await self._processor.meta_put(caller, _CONSUMER, consumer.id, {**value, "serial": offset})
-        await self._settle(before)
+        await self._processor.meta_put(caller, CONSUMER, consumer.id, {**value, "serial": offset})
+        await self.settle(before)
         if queue.single_active:
             for local in queue.consumers:
                 local.wake()
@@ -844,13 +588,15 @@ class VirtualHost:
         queue.last_used = asyncio.get_running_loop().time()
         if self.queues.get(queue.name) is not queue:
             return  # deleted: its registry went with it
-        await self._unregister(caller, queue, consumer.id)
+        await self.unregister(caller, queue, consumer.id)
         if not self._unused_auto_delete(queue):
-            self._schedule_expiry(caller, queue)
+            self._chores.schedule_expiry(caller, queue)
 
-    async def _unregister(self, caller: Caller, queue: QueueDef, consumer_id: str) -> None:
+    async def unregister(self, caller: Caller, queue: QueueDef, consumer_id: str) -> None:
+        """A consumer (of any gateway) is gone: every gateway is told, and an
+        auto-delete queue it leaves unused goes."""
         if queue.registry.pop(consumer_id, None) is not None:
-            await self._processor.meta_delete(caller, _CONSUMER, consumer_id)
+            await self._processor.meta_delete(caller, CONSUMER, consumer_id)
             await self._emit(caller, "consumer", consumer_id, {"queue": queue.name, "gone": True})
         if queue.single_active:
             for consumer in queue.consumers:  # the next in line may take over
@@ -867,8 +613,8 @@ class VirtualHost:
             return
         before = self._last_change
         async with self._lock:
-            await self._delete_queue_locked(self._caller, queue)
-        await self._settle(before)
+            await self.delete_queue_locked(self._caller, queue)
+        await self.settle(before)
 
     def touch(self, caller: Caller, queue: QueueDef) -> None:
         """The queue was used (a get, a redeclare): its ``x-expires`` clock restarts,
@@ -878,66 +624,17 @@ class VirtualHost:
         expires = queue.int_argument("x-expires")
         if expires and now - queue.touched >= max(0.2, expires / 4000):
             queue.touched = now
-            self._spawn(self._emit_used(caller, queue))
+            self._chores.spawn(self._emit_used(caller, queue))
 
     async def _emit_used(self, caller: Caller, queue: QueueDef) -> None:
         with contextlib.suppress(StorageError):
             await self._emit(caller, "used", queue.name, {"uid": queue.uid})
 
-    def _schedule_expiry(self, caller: Caller, queue: QueueDef) -> None:
-        """``x-expires``: delete the queue once unused (no consumers on any gateway,
-        no get, no re-declare) for that long; the queue's owner gateway does it."""
-        expires = queue.int_argument("x-expires")
-        if not expires or queue.name in self._expiry_tasks:
-            return
-
-        async def expire() -> None:
-            loop = asyncio.get_running_loop()
-            try:
-                while self.queues.get(queue.name) is queue:
-                    idle = loop.time() - queue.last_used
-                    if (
-                        queue.consumers
-                        or queue.registry
-                        or not self.membership.is_owner(queue.name)
-                    ):
-                        await asyncio.sleep(min(1.0, expires / 1000))
-                        continue
-                    if idle * 1000 >= expires:
-                        before = self._last_change
-                        async with self._lock:
-                            self._expiry_tasks.pop(queue.name, None)
-                            await self._delete_queue_locked(caller, queue)
-                        await self._settle(before)
-                        return
-                    await asyncio.sleep(max(0.01, min(1.0, expires / 1000 - idle)))
-            finally:
-                if self._expiry_tasks.get(queue.name) is asyncio.current_task():
-                    del self._expiry_tasks[queue.name]
-
-        self._expiry_tasks[queue.name] = asyncio.create_task(expire())
-
-    def _start_sweeper(self, caller: Caller, queue: QueueDef, first_look_ms: int = 0) -> None:
-        """The expiry sweeper of a queue (protocols.amqp.expiry): for as long as the
-        queue lives if it has ``x-message-ttl``, else while its head expires."""
-        if queue.is_stream or queue.name in self._sweepers:
-            return
-        from protocols.amqp.expiry import sweep_expired  # expiry needs this module
-
-        task = asyncio.create_task(sweep_expired(caller, self, queue, first_look_ms))
-        self._sweepers[queue.name] = task
-        task.add_done_callback(
-            lambda t: (
-                self._sweepers.pop(queue.name) if self._sweepers.get(queue.name) is t else None
-            )
-        )
-
     def watch_expiry(self, caller: Caller, queue: QueueDef, expires_in_ms: int) -> None:
         """A message with its own ``expiration`` is going to ``queue``: make sure a
         sweeper looks at the head about when it expires, as RabbitMQ expires messages
         at the head without consumers."""
-        if queue.name in self.queues:
-            self._start_sweeper(caller, queue, expires_in_ms)
+        self._chores.watch_expiry(caller, queue, expires_in_ms)
 
     # -- bindings --------------------------------------------------------------------
 
@@ -959,40 +656,23 @@ class VirtualHost:
                     errors.ACCESS_REFUSED, "operation not permitted on the default exchange", *ids
                 )
             if unbind:
-                if binding.id in self._bindings:
+                if binding.id in self.definitions.bindings:
                     await self._remove_binding(caller, binding)
-            elif binding.id not in self._bindings:
-                value = _binding_json(binding)
-                await self._processor.meta_put(caller, _BINDING, _binding_key(binding), value)
-                self._add_binding(binding)
+            elif binding.id not in self.definitions.bindings:
+                value = binding_json(binding)
+                await self._processor.meta_put(caller, BINDING, binding_key(binding), value)
+                self.definitions.add_binding(binding)
                 await self._emit(caller, "binding", binding.id, value)
-        await self._settle(before)
-
-    def _add_binding(self, binding: Binding) -> None:
-        self._bindings[binding.id] = binding
-        self._by_source.setdefault(binding.source, []).append(binding)
-        self._route_cache.clear()
-
-    def _forget_binding(self, binding_id: str) -> Binding | None:
-        binding = self._bindings.pop(binding_id, None)
-        if binding is None:
-            return None
-        remaining = [b for b in self._by_source.get(binding.source, ()) if b.id != binding_id]
-        if remaining:
-            self._by_source[binding.source] = remaining
-        else:
-            self._by_source.pop(binding.source, None)
-        self._route_cache.clear()
-        return binding
+        await self.settle(before)
 
     async def _remove_binding(self, caller: Caller, binding: Binding) -> None:
-        await self._processor.meta_delete(caller, _BINDING, _binding_key(binding))
-        self._forget_binding(binding.id)
+        await self._processor.meta_delete(caller, BINDING, binding_key(binding))
+        self.definitions.forget_binding(binding.id)
         await self._emit(caller, "binding", binding.id, None)
-        if not self._by_source.get(binding.source):
+        if not self.definitions.has_bindings_from(binding.source):
             source = self.exchanges.get(binding.source)
             if source is not None and source.auto_delete:
-                await self._delete_exchange_locked(caller, source.name)
+                await self.delete_exchange_locked(caller, source.name)
 
     # -- routing ---------------------------------------------------------------------
 
@@ -1000,22 +680,7 @@ class VirtualHost:
         self, exchange: Exchange, routing_key: str, headers: Mapping[str, Any] | None
     ) -> Iterable[str]:
         """Names of the existing queues a publish reaches."""
-        if exchange.type == "headers":
-            names: Iterable[str] = route(
-                self.exchanges, self._by_source, exchange.name, routing_key, headers
-            )
-        else:
-            key = (exchange.name, routing_key)
-            cached = self._route_cache.get(key)
-            if cached is None:
-                cached = frozenset(
-                    route(self.exchanges, self._by_source, exchange.name, routing_key, headers)
-                )
-                if len(self._route_cache) > 10_000:
-                    self._route_cache.clear()
-                self._route_cache[key] = cached
-            names = cached
-        return [n for n in names if n in self.queues]
+        return self.definitions.route(exchange, routing_key, headers)
 
 
 class _Alone:
@@ -1027,8 +692,9 @@ class _Alone:
         return ()
 
 
-class VirtualHosts:
-    """The vhosts this gateway serves, loaded on first use."""
+class AmqpServices:
+    """What one AMQP listener's connections share: the vhosts this gateway serves,
+    loaded on first use, and this gateway's place among the live ones."""
 
     def __init__(self, processor: Processor, membership: Membership | None = None) -> None:
         self._processor = processor

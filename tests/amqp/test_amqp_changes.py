@@ -11,8 +11,8 @@ from gateway.directory import GatewayEndpoint
 from protocols import interop
 from protocols.amqp.changes import Change, Membership
 from protocols.amqp.errors import ChannelError
+from protocols.amqp.queue_arguments import validate_view
 from protocols.amqp.queues import GROUP, QueueDef
-from protocols.amqp.vhost import VirtualHost
 from storage.model import QueueRef
 
 
@@ -79,11 +79,11 @@ def test_a_view_reads_its_topic_with_a_group_of_its_own() -> None:
 )
 def test_bad_views_are_refused_with_406(arguments: dict[str, object]) -> None:
     with pytest.raises(ChannelError) as info:
-        VirtualHost._validate_view(QueueDef(name="v", arguments=dict(arguments)))
+        validate_view(QueueDef(name="v", arguments=dict(arguments)))
     assert info.value.code == 406
 
 
 def test_good_views_pass() -> None:
     for extra in ({}, {"x-queue-type": "quorum"}, {"x-message-ttl": 1000}):
         arguments = {interop.AMQP_TOPIC_ARGUMENT: "orders.v1", **extra}
-        VirtualHost._validate_view(QueueDef(name="v", arguments=arguments))
+        validate_view(QueueDef(name="v", arguments=arguments))

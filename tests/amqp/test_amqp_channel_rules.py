@@ -164,7 +164,7 @@ def test_queue_that_never_drains_is_trimmed_to_its_acked_prefix(server: LiveServ
         ch.queue_declare(queue)
         for i in range(6):
             ch.basic_publish("", queue, str(i).encode())
-        vhost = server.call(lambda: listener._vhosts.get(conn_caller()))
+        vhost = server.call(lambda: listener._services.get(conn_caller()))
 
         def trim_and_earliest() -> int:
             ch.queue_declare(queue, passive=True)  # a round trip: earlier acks are settled

@@ -107,7 +107,7 @@ def test_ttl_sweeper_peeks_without_delivering(server: LiveServer) -> None:
         ch.basic_publish("", source, b"stays")
         _, props, body = _get(ch, dead)  # nobody consumes source: the sweeper did it
         assert body == b"short" and props.headers["x-death"][0]["reason"] == "expired"
-        vhost = server.call(lambda: listener._vhosts.get(caller))
+        vhost = server.call(lambda: listener._services.get(caller))
         queue = vhost.queues[source]
         due = server.call(lambda: sweep_once(caller, vhost, queue))  # looks at "stays"
         assert due is not None and due > server.gateway.clock.now_ms() + 500_000
