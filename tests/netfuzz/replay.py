@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tests.netfuzz.mutate import Plan
@@ -32,6 +33,8 @@ class Outcome:
     error: str | None = None
     # For a slow send: the server still had the connection open when we gave up.
     slow_kept_open: bool = False
+    # Our end of the connection ("host:port", as the server lists its peer).
+    local: str | None = None
 
 
 async def replay(
@@ -42,18 +45,29 @@ async def replay(
     slow_close_within_s: float = 6.0,
     idle_s: float = IDLE_S,
     max_s: float = MAX_S,
+    source: str | None = None,
+    on_connect: Callable[[str], None] | None = None,
 ) -> Outcome:
     """``slow_close_within_s``: for a slow plan, how long the server may keep a
-    connection that never finished its handshake (its deadline, plus margin)."""
+    connection that never finished its handshake (its deadline, plus margin).
+    ``source``: the local address to connect from; ``on_connect`` is given our end
+    of the connection as soon as it is open."""
     outcome = Outcome()
     started = time.monotonic()
     try:
         async with asyncio.timeout(CONNECT_TIMEOUT_S):
-            reader, writer = await asyncio.open_connection(host, port)
+            reader, writer = await asyncio.open_connection(
+                host, port, local_addr=(source, 0) if source else None
+            )
     except (OSError, TimeoutError) as e:
         outcome.error = f"connect: {type(e).__name__}: {e}"
         return outcome
     outcome.connected = True
+    sockname = writer.get_extra_info("sockname")
+    if sockname:
+        outcome.local = f"{sockname[0]}:{sockname[1]}"
+        if on_connect is not None:
+            on_connect(outcome.local)
     sock = writer.get_extra_info("socket")
     if sock is not None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

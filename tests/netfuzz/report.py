@@ -41,10 +41,16 @@ def render(report: FormReport, settings: Settings) -> str:
         lines.append(f"  [{f.kind}] {f.protocol}: {f.detail}")
         for plan in f.inputs[:4]:
             lines.append(f"      input {plan.protocol} {plan.description[:160]}")
+            # Enough to recognise it from a CI log, where the saved file is not at hand.
+            lines.append(f"        first bytes {plan.data[:48].hex()} ({len(plan.data)} in all)")
+        if len(f.inputs) > 4:
+            lines.append(f"      ... {len(f.inputs) - 4} more input(s)")
         for path in f.saved[:4]:
             lines.append(f"      saved {path}")
-        for log in f.log[-6:]:
-            lines.append(f"      log | {log[:200]}")
+        if f.log:
+            lines.append("      the server's log:")
+        for log in f.log[-12:]:
+            lines.append(f"      log | {log[:300]}")
     if report.tracebacks:
         lines.append("tracebacks the server logged (protocol, exception at first own frame):")
         for (protocol, where), count in report.tracebacks.most_common():

@@ -14,11 +14,13 @@ import collections
 import contextlib
 import random
 import re
+import socket
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -36,6 +38,12 @@ RECOVER_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 20.0
 # Findings that mean the server failed its promise (the report lists the rest too).
 FATAL = ("crash", "hang", "probe-failure", "leak", "kept-open", "lingering")
+# The fuzzer's connections come from this loopback address, the probes' from the
+# default one: the connections the server still lists after the fuzzing are then told
+# apart by their peer address, not by a count the probes' own reconnections change.
+FUZZ_SOURCE = "127.0.0.2"
+# The gateway's log lines shown with a finding (the last ones, or those naming it).
+LOG_LINES = 12
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +154,9 @@ class _Run:
         # crash's consequence, reported with it, not findings of their own.
         self._down: list[tuple[float, float | None]] = []
         self._failure_counts: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.source: str | None = None  # where the fuzzer's connections come from
+        # Our end of every connection the fuzzer opened ("host:port") -> what it sent.
+        self.peers: dict[str, mutate.Plan] = {}
 
     # -- the phases ----------------------------------------------------------------
 
@@ -154,6 +165,7 @@ class _Run:
             probe.start()
         try:
             await self._warm_up()
+            self.source = _fuzz_source(self.server.address(PROTOCOLS[0])[0])
             self.report.rss_baseline = self.server.rss()
             self.report.rss_peak = dict(self.report.rss_baseline)
             baseline_connections = await self._connections()
@@ -205,8 +217,7 @@ class _Run:
         for protocol in self.settings.protocols:
             for session in self.settings.regressions.get(protocol, ()):
                 plan = mutate.as_recorded(session)
-                host, port = self.server.address(protocol)
-                await replay(host, port, plan, max_s=5.0)
+                await self._replay(plan, max_s=5.0)
                 if await self.server.wait_exit(1.0):
                     exits = self.server.new_exits()
                     await self._restart(exits)
@@ -254,12 +265,19 @@ class _Run:
         key = self._ids
         self.inflight[key] = plan
         try:
-            host, port = self.server.address(protocol)
-            return await replay(
-                host, port, plan, slow_close_within_s=self.settings.handshake_timeout_s + 3
+            return await self._replay(
+                plan, slow_close_within_s=self.settings.handshake_timeout_s + 3
             )
         finally:
             del self.inflight[key]
+
+    async def _replay(self, plan: mutate.Plan, **limits: float) -> Outcome:
+        host, port = self.server.address(plan.protocol)
+
+        def connected(local: str) -> None:
+            self.peers[local] = plan
+
+        return await replay(host, port, plan, source=self.source, on_connect=connected, **limits)
 
     # -- watching ------------------------------------------------------------------
 
@@ -312,8 +330,7 @@ class _Run:
         await self._restart(exits)
         culprits: list[mutate.Plan] = []
         for plan in candidates:  # each alone, on the restarted server
-            host, port = self.server.address(plan.protocol)
-            await replay(host, port, plan, max_s=5.0)
+            await self._replay(plan, max_s=5.0)
             if await self.server.wait_exit(1.0):
                 again = self.server.new_exits()
                 culprits.append(plan)
@@ -378,37 +395,84 @@ class _Run:
             if not ok:
                 self._find("hang", protocol, f"no {protocol} round trip after the fuzzing", [])
 
-    async def _connections(self) -> collections.Counter[str] | None:
-        """Connections the server lists, per protocol (its admin API)."""
+    async def _listed(self) -> list[dict[str, Any]] | None:
+        """The connections the server lists (its admin API), None if it did not say."""
         host, port = self.server.address("http")
         try:
             async with httpx.AsyncClient(timeout=5) as client:
                 answer = await client.get(f"http://{host}:{port}/admin/connections")
-                return collections.Counter(c["protocol"] for c in answer.json()["connections"])
+                listed = answer.json()["connections"]
+                return [c for c in listed if isinstance(c, dict)]
         except (httpx.HTTPError, KeyError, ValueError, TypeError):
             return None
 
+    async def _connections(self) -> collections.Counter[str] | None:
+        """Connections the server lists, per protocol."""
+        listed = await self._listed()
+        if listed is None:
+            return None
+        return collections.Counter(str(c.get("protocol")) for c in listed)
+
+    def _left_over(
+        self, listed: list[dict[str, Any]], baseline: collections.Counter[str]
+    ) -> dict[str, list[dict[str, Any]]]:
+        """Per protocol, the listed connections the fuzzing left: those from the
+        fuzzer's own address; without one, any beyond the count before the fuzzing."""
+        left: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+        if self.source is not None:
+            for c in listed:
+                if _peer_host(str(c.get("peer"))) == self.source:
+                    left[str(c.get("protocol"))].append(c)
+            return dict(left)
+        by_protocol: dict[str, list[dict[str, Any]]] = collections.defaultdict(list)
+        for c in sorted(listed, key=lambda c: int(c.get("id") or 0)):
+            by_protocol[str(c.get("protocol"))].append(c)
+        for protocol, conns in by_protocol.items():
+            extra = len(conns) - baseline.get(protocol, 0)
+            if extra > 0:
+                left[protocol] = conns[-extra:]  # the newest: opened during the fuzzing
+        return dict(left)
+
     async def _settle(self, baseline: collections.Counter[str] | None) -> None:
-        """Until the server lists no more connections of any protocol than before the
-        fuzzing (ours are all closed on our side): memory is measured after that."""
+        """Until the server lists none of the fuzzer's connections (all are closed on
+        our side): memory is measured after that."""
         if baseline is None:
             return
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
-        while (count := await self._connections()) is not None:
-            extra = count - baseline  # Counter subtraction keeps the positive ones
-            if not extra:
+        while (listed := await self._listed()) is not None:
+            left = self._left_over(listed, baseline)
+            if not left:
                 return
             if time.monotonic() > deadline:
-                for protocol, n in sorted(extra.items()):
-                    self._find(
-                        "lingering",
-                        protocol,
-                        f"{n} {protocol} connection(s) still listed {SETTLE_TIMEOUT_S:.0f} s "
-                        "after the fuzzer closed all of its own",
-                        [],
-                    )
+                for protocol, conns in sorted(left.items()):
+                    self._lingering(protocol, conns)
                 return
             await asyncio.sleep(0.25)
+
+    def _lingering(self, protocol: str, conns: list[dict[str, Any]]) -> None:
+        peers = [str(c.get("peer")) for c in conns]
+        now_ms = time.time() * 1000
+        shown = ", ".join(
+            f"{c.get('peer')} (open {(now_ms - float(c.get('opened_ms') or now_ms)) / 1000:.0f} s"
+            f"{', client ' + str(c['client_id']) if c.get('client_id') else ''}"
+            f"{', user ' + str(c['user']) if c.get('user') else ''})"
+            for c in conns[:6]
+        )
+        whose = "the fuzzer's" if self.source is not None else "unattributed"
+        self._find(
+            "lingering",
+            protocol,
+            f"{len(conns)} {protocol} connection(s), {whose}, still listed "
+            f"{SETTLE_TIMEOUT_S:.0f} s after the fuzzer closed all of its own: {shown}",
+            [self.peers[peer] for peer in peers if peer in self.peers],
+            self._log_naming(peers),
+        )
+
+    def _log_naming(self, needles: Sequence[str]) -> list[str]:
+        """The gateway's log lines that name one of ``needles``, else its last ones."""
+        lines = self.server.log_lines()
+        named = [line for line in lines if any(n in line for n in needles)]
+        return (named or lines)[-LOG_LINES:]
 
     def _check_memory(self) -> None:
         for name, grew in self.report.growth().items():
@@ -429,7 +493,9 @@ class _Run:
         inputs: list[mutate.Plan],
         log: list[str] | None = None,
     ) -> None:
-        finding = Finding(kind, protocol, detail, inputs, log or [])
+        if log is None:  # what the server said last, so a CI log alone explains it
+            log = self.server.log_lines()[-LOG_LINES:]
+        finding = Finding(kind, protocol, detail, inputs, log)
         folder = self.settings.findings_dir
         if folder is not None:
             for plan in inputs:
@@ -444,6 +510,23 @@ class _Run:
 
 def _exits(exits: Sequence[Exit]) -> str:
     return ", ".join(f"{e.name} exited with code {e.code}" for e in exits)
+
+
+def _fuzz_source(server_host: str) -> str | None:
+    """:data:`FUZZ_SOURCE` when the server is on loopback and the address can be
+    bound here (any 127/8 address on Linux); None otherwise."""
+    if not server_host.startswith("127.") or server_host == FUZZ_SOURCE:
+        return None
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+            probe.bind((FUZZ_SOURCE, 0))
+    except OSError:
+        return None
+    return FUZZ_SOURCE
+
+
+def _peer_host(peer: str) -> str:
+    return peer.rpartition(":")[0].strip("[]")
 
 
 _LOG_LINE = re.compile(r"^\S+ \S+ (?P<level>[A-Z]+) (?P<logger>[\w.]+): (?P<message>.*)$")
@@ -499,6 +582,8 @@ def _is_own(path: str) -> bool:
     if "/site-packages/" in path or "/dist-packages/" in path:
         return False
     return any(f"/{top}/" in path for top in _OWN)
+
+
 # Libraries that log for a listener under their own names.
 _LIBRARY_LOGGERS = {"uvicorn": "http", "websockets": "mqtt_ws", "grpc": "rocketmq"}
 

@@ -57,8 +57,15 @@ def report(
     yield result
 
 
-def _show(report: FormReport) -> str:
-    return render(report, SETTINGS)
+def _show(report: FormReport, protocol: str | None = None) -> str:
+    """The whole report, after a line per finding of ``protocol`` (kind, what, the
+    first input), so that the CI log says what was found before anything else."""
+    head = [
+        f"{f.kind} ({report.form}, {f.protocol}): {f.detail}"
+        + (f" [input: {f.inputs[0].description[:120]}]" if f.inputs else "")
+        for f in report.fatal(protocol)
+    ]
+    return "\n".join([*head, render(report, SETTINGS)])
 
 
 def test_seeds_cover_every_listener() -> None:
@@ -70,20 +77,20 @@ def test_seeds_cover_every_listener() -> None:
 def test_regressions_leave_the_server_serving(report: FormReport, protocol: str) -> None:
     results = [r for r in report.regressions if r.protocol == protocol]
     assert len(results) == len(list((REGRESSIONS / protocol).glob("*.hex")))
-    assert all(r.ok for r in results), _show(report)
+    assert all(r.ok for r in results), _show(report, protocol)
 
 
 @pytest.mark.parametrize("protocol", _protocol_params())
 def test_fuzzed_listener_holds(report: FormReport, protocol: str) -> None:
     stats = report.stats.get(protocol)
     assert stats is not None and stats.replayed > 0, "nothing was sent"
-    assert not report.fatal(protocol), _show(report)
+    assert not report.fatal(protocol), _show(report, protocol)
     probe = report.probes[protocol]
-    assert probe.round_trips > 0 and probe.failures == 0, _show(report)
+    assert probe.round_trips > 0 and probe.failures == 0, _show(report, protocol)
 
 
 def test_no_crash_of_unknown_origin_and_memory_bounded(report: FormReport) -> None:
-    assert not report.fatal("?"), _show(report)
+    assert not report.fatal("?"), _show(report, "?")
     assert report.rss_end, "memory was not measured after the run"
     for name, grew in report.growth().items():
         assert grew <= SETTINGS.max_rss_growth_bytes, f"{name} grew {grew / MIB:.0f} MiB"
