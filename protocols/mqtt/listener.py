@@ -12,7 +12,7 @@ from collections.abc import Awaitable
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from gateway.connections import TooManyConnections, current_connection_id, serving_connection
+from gateway.connections import current_connection_id, serving_connection
 from gateway.listeners import ConnectionHandler, Listener, ListenerContext, TcpListener
 from protocols.mqtt.connection import MqttConnection
 from protocols.mqtt.options import MqttOptions
@@ -99,6 +99,7 @@ class MqttWebSocketListener:
         class Connection(GuardedConnection):
             listener = self.name
             handshake_timeout_s = timeout_s
+            registry = self._context.connections
 
         self._server = await serve(
             self._handle,
@@ -131,8 +132,9 @@ class MqttWebSocketListener:
         await self._services.stop()
 
     async def _handle(self, websocket: ServerConnection) -> None:
-        registry = self._context.connections
-        peer = websocket.remote_address
+        # Registered on the TCP accept (GuardedConnection), within the limits.
+        assert isinstance(websocket, GuardedConnection) and websocket.connection_id is not None
+        registry, conn_id = self._context.connections, websocket.connection_id
         sock = websocket.transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # as TcpListener
@@ -144,25 +146,20 @@ class MqttWebSocketListener:
                 task.cancel()
                 await asyncio.wait([task])
 
+        websocket.kick = close
+        deadline = self._connect_deadline(websocket, conn_id, task)
         try:
-            conn = registry.register(protocol="mqtt", peer=f"{peer[0]}:{peer[1]}", close=close)
-        except TooManyConnections as e:
-            log.warning("%s: refused %s: %s", self.name, peer, e)
-            await websocket.close(1013, "too many connections")
-            return
-        deadline = self._connect_deadline(websocket, conn.id, task)
-        try:
-            with serving_connection(conn.id), contextlib.suppress(asyncio.CancelledError):
+            with serving_connection(conn_id), contextlib.suppress(asyncio.CancelledError):
                 transport = WebSocketTransport(websocket)
-                await MqttConnection(self._services, transport, conn.id).run()
+                await MqttConnection(self._services, transport, conn_id).run()
                 await transport.drain()
         finally:
             deadline.cancel()
-            registry.unregister(conn.id)
+            registry.unregister(conn_id)
             await websocket.close()
 
     def _connect_deadline(
-        self, websocket: ServerConnection, conn_id: int, task: asyncio.Task[None]
+        self, websocket: GuardedConnection, conn_id: int, task: asyncio.Task[None]
     ) -> asyncio.TimerHandle:
         """CONNECT (and login) by the deadline the upgrade had, counted from the TCP
         accept: the upgrade does not give a peer another handshake timeout. The
@@ -171,10 +168,7 @@ class MqttWebSocketListener:
         timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
         registry = self._context.connections
         loop = asyncio.get_running_loop()
-        if isinstance(websocket, GuardedConnection):
-            when, peer = websocket.deadline, websocket.peer
-        else:
-            when, peer = loop.time() + timeout_s, "?"
+        when, peer = websocket.deadline, websocket.peer
 
         def expire() -> None:
             if not registry.is_established(conn_id) and not task.done():

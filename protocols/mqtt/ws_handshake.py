@@ -11,7 +11,9 @@ by bytes that are not frames, ``RuntimeError`` writing its 101 after that same E
 included) and says once, at INFO, why the peer was closed; :func:`check_request`
 answers the non-ASCII case with a 400 before the library fails on it; and the upgrade
 gets a deadline counted from the TCP accept (:attr:`GuardedConnection.deadline`),
-which the CONNECT after it shares.
+which the CONNECT after it shares. The socket is admitted to the connection registry on
+the TCP accept too, as TCP listeners do: sockets that never upgrade count against the
+per-address, per-protocol and global limits like any other.
 """
 
 from __future__ import annotations
@@ -20,14 +22,16 @@ import asyncio
 import http
 import logging
 import sys
-from collections.abc import Iterator, MutableMapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
+from typing import Any, ClassVar
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
+
+from gateway.connections import ConnectionRegistry, TooManyConnections
 
 __all__ = ["GuardedConnection", "UpgradeTimeout", "check_request", "describe_failure"]
 
@@ -48,13 +52,18 @@ class UpgradeTimeout(Exception):
 class GuardedConnection(ServerConnection):
     """A server connection whose handshake failure is logged once, at INFO.
 
-    The listener subclasses it with ``listener`` and ``handshake_timeout_s`` set and
-    passes the subclass as ``serve(create_connection=...)`` with ``open_timeout=None``:
-    :meth:`handshake` keeps the deadline itself, so that a peer that never upgrades is
-    logged too (websockets' ``open_timeout`` closes it without a word)."""
+    The listener subclasses it with ``listener``, ``handshake_timeout_s`` and
+    ``registry`` set and passes the subclass as ``serve(create_connection=...)`` with
+    ``open_timeout=None``: :meth:`handshake` keeps the deadline itself, so that a peer
+    that never upgrades is logged too (websockets' ``open_timeout`` closes it without a
+    word). With a registry, the socket is registered when accepted (``connection_id``;
+    refused, it is aborted at once) and unregistered when it is gone; the handler sets
+    ``kick`` to how an upgraded connection is closed (before that a kick aborts)."""
 
     listener = "mqtt_ws"
     handshake_timeout_s = 10.0
+    registry: ClassVar[ConnectionRegistry | None] = None
+    registered_as = "mqtt"  # the protocol the registry counts it under
 
     def __init__(self, protocol: ServerProtocol, *args: Any, **kwargs: Any) -> None:
         super().__init__(protocol, *args, **kwargs)
@@ -68,6 +77,8 @@ class GuardedConnection(ServerConnection):
         self.logger = self._failure_log
         protocol.logger = self._failure_log
         _send_eof_once(protocol)
+        self.connection_id: int | None = None
+        self.kick: Callable[[], Awaitable[None]] | None = None
 
     @property
     def peer(self) -> str:
@@ -80,6 +91,30 @@ class GuardedConnection(ServerConnection):
     def refused(self, reason: str) -> None:
         """Log why the peer is closed, unless that was said already: one line each."""
         self._failure_log.tell(reason)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        registry = self.registry
+        if registry is None:
+            return
+        try:
+            self.connection_id = registry.register(
+                protocol=self.registered_as, peer=self.peer, close=self._kicked
+            ).id
+        except TooManyConnections as e:
+            self._failure_log.tell(f"refused: {e}", logging.WARNING)
+            self.transport.abort()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        if self.registry is not None and self.connection_id is not None:
+            self.registry.unregister(self.connection_id)
+
+    async def _kicked(self) -> None:
+        if self.kick is not None:
+            await self.kick()
+        else:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -183,10 +218,16 @@ class _FailureLog(logging.LoggerAdapter[logging.Logger]):
         self._connection = connection
         self._told = False
 
-    def tell(self, reason: str) -> None:
+    def tell(self, reason: str, level: int = logging.INFO) -> None:
         if not self._told:
             self._told = True
-            log.info("%s: closing %s: %s", self._connection.listener, self._connection.peer, reason)
+            log.log(
+                level,
+                "%s: closing %s: %s",
+                self._connection.listener,
+                self._connection.peer,
+                reason,
+            )
 
     def process(
         self, msg: Any, kwargs: MutableMapping[str, Any]

@@ -5,6 +5,7 @@ finished, large packets declared before login."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import select
 import socket
@@ -12,6 +13,8 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import cast
 
 import pytest
 from websockets.exceptions import ConnectionClosed
@@ -532,6 +535,37 @@ def test_broken_websocket_frame_after_the_upgrade_is_one_line(
     wait_until(lambda: bool(_lines_about(caplog, sock)), what="the server's line about it")
     [line] = _lines_about(caplog, sock)
     assert line.endswith("1002 (protocol error) incorrect masking")
+
+
+def test_sockets_that_never_upgrade_count_against_the_connection_limits(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Registered on the TCP accept, as TCP listeners do, not after the upgrade: one
+    address cannot hold sockets past its limit by never upgrading them. A registry
+    kick closes one that has not upgraded; a closed one gives its slot back."""
+    caplog.set_level(logging.INFO)
+    with mqtt_server(tmp_path, {"limits.max_connections_per_address": "2"}) as limited:
+        registry, port = limited.gateway.connections, limited.port("mqtt_ws")
+        held = [socket.create_connection(("127.0.0.1", port)) for _ in range(2)]
+        wait_until(lambda: registry.count(protocol="mqtt") == 2, what="two registered")
+        with socket.create_connection(("127.0.0.1", port)) as extra:
+            with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+                extra.sendall(_UPGRADE)
+            assert _closed_without_reply(extra) == b""  # aborted unanswered
+            [line] = _lines_about(caplog, extra)
+            assert "refused: connection limit of 2 per address" in line
+        host, kept = held[0].getsockname()[:2]
+        [kicked] = [c for c in registry.list(protocol="mqtt") if c.peer == f"{host}:{kept}"]
+        limited.call(lambda: registry.close(kicked.id))
+        assert _closed_without_reply(held[0]) == b""
+        held[1].close()
+        wait_until(lambda: registry.count(protocol="mqtt") == 0, what="the slots back")
+        url = f"ws://127.0.0.1:{port}/mqtt"
+        with ws_connect(url, subprotocols=[Subprotocol("mqtt")]) as ws:
+            ws.send(codec.encode(codec.Connect(level=5, client_id="after-the-limit"), 5))
+            [ack] = codec.Decoder(level=5).feed(cast(bytes, ws.recv(timeout=TIMEOUT)))
+            assert isinstance(ack, codec.ConnAck) and ack.reason == 0
+    _no_tracebacks(caplog)
 
 
 def test_refusal_after_the_parser_failed_sends_one_eof() -> None:
