@@ -6,6 +6,7 @@ its HTTP/2 preface is closed, and metadata that is not UTF-8 logs one line."""
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import gzip
 import logging
@@ -401,3 +402,16 @@ def test_metadata_that_is_not_utf8_logs_one_line(
     assert not _tracebacks(caplog.records)
     lines = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
     assert len(lines) == 2 and all(r.levelno == logging.INFO for r in lines)
+
+
+def test_a_taken_port_is_still_an_error(server: LiveServer) -> None:
+    """The listener binds with SO_REUSEPORT for its hand-overs only: a second listener on
+    a port that one serves already fails to start instead of sharing it."""
+    listener = server.gateway.listeners.get("rocketmq")
+    assert isinstance(listener, RocketMQListener)
+    second = RocketMQListener(dataclasses.replace(listener._context, port=listener.port))
+    with pytest.raises(OSError, match="cannot bind"):
+        server.call(second.start)
+    with raw_stub(server) as stub:  # the first one serves on
+        request = service_pb2.SendMessageRequest(messages=[raw_message(unique("t"))])
+        assert stub.SendMessage(request, metadata=signed()).status.code == Code.OK
