@@ -279,9 +279,9 @@ def _serve(command: str, config: GatewayConfig) -> int:
         if not config.cluster.nameservers:
             print("polymq gateway: give --nameserver (or cluster.nameservers)", file=sys.stderr)
             return 2
-        return run(config, cluster=True)
+        return run(config)
     if command == "storage":
-        from storage.node import serve_node
+        from gateway.roles import serve_node
 
         return run_foreground(
             lambda stop: serve_node(config, stop),
@@ -289,14 +289,14 @@ def _serve(command: str, config: GatewayConfig) -> int:
             what="polymq storage node starting (",
         )
     if command == "nameserver":
-        from nameserver.server import serve_nameserver
+        from gateway.roles import serve_nameserver
 
         return run_foreground(
             lambda stop: serve_nameserver(config, stop),
             log_level=config.server.log_level,
             what="polymq nameserver starting (",
         )
-    from navigation.server import serve_navigation
+    from gateway.roles import serve_navigation
 
     return run_foreground(
         lambda stop: serve_navigation(config, stop),

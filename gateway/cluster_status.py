@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from nameserver.model import RouteTable
+from storage.routes import RouteTable
 
 __all__ = ["render", "show"]
 

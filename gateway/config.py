@@ -103,6 +103,10 @@ LISTENER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ListenersConfig))
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StorageConfig:
+    # Which storage the gateway uses (gateway.assembly): file:///path, memory:// or
+    # polymq://host:port,… Empty: polymq:// over cluster.nameservers when they are
+    # set, else the embedded engine over data_dir.
+    url: str = ""
     data_dir: Path = Path("./data")
     durability: DurabilityMode = "sync"
     flush_interval_ms: int = 1000

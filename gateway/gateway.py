@@ -1,8 +1,9 @@
 """The gateway: the stateless compute node, composed once over a storage backend.
 
-``Gateway.local`` / ``Gateway.cluster`` are the one place that knows which backend it
-got (RocketMQ's ``createForLocalMode`` / ``createForClusterMode``); everything else
-sees a :class:`~storage.api.StorageAPI`.
+It is given its storage (any :class:`~storage.api.StorageAPI`) and its protocols'
+listener factories; which backend and which protocols is decided once, by the
+composition root (:mod:`gateway.assembly`), as RocketMQ's proxy decides between
+``createForLocalMode`` and ``createForClusterMode``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from types import TracebackType
 from typing import Self
 
 from gateway.accounts import Accounts
-from gateway.config import GatewayConfig, engine_config
+from gateway.config import GatewayConfig
 from gateway.connections import ConnectionRegistry
 from gateway.directory import (
     GatewayDirectory,
@@ -28,7 +29,6 @@ from gateway.listeners import (
     ListenerContext,
     ListenerFactory,
     ListenerSet,
-    protocol_listeners,
 )
 from gateway.metering import Metering
 from gateway.processor import Processor
@@ -47,8 +47,8 @@ class Gateway:
     namespaces and starts the listeners; leaving stops the listeners in reverse,
     closes remaining connections, then closes storage.
 
-    Prefer :meth:`local` or :meth:`cluster`; the constructor takes any storage so
-    tests can compose a gateway over a fake.
+    ``gateway.assembly.build_gateway`` builds one from the configuration; several
+    gateways over one storage (tests) are composed here directly.
     """
 
     def __init__(
@@ -84,7 +84,7 @@ class Gateway:
         else:
             # Ports are filled in as the listeners bind (port 0 is any free one).
             self.directory = SingleGateway(self.gateway_id, {}, config.cluster.advertised_host)
-        factories = protocol_listeners() if listener_factories is None else listener_factories
+        factories = listener_factories or {}
         self.listeners = ListenerSet(self._build_listeners(factories))
         # Enabled in the config but no protocol serves them yet: reported at start-up.
         self.unbuilt = tuple(
@@ -93,66 +93,6 @@ class Gateway:
             if listener.enabled and name not in factories
         )
         self._storage_started = False
-
-    @classmethod
-    def local(
-        cls,
-        config: GatewayConfig,
-        *,
-        clock: Clock | None = None,
-        listener_factories: Mapping[str, ListenerFactory] | None = None,
-    ) -> Gateway:
-        """The merged form: the embedded engine inside this process."""
-        from storage.engine import Engine  # not at top: the gateway imports without it
-
-        clock = clock or SystemClock()
-        storage = Engine(engine_config(config), clock=clock)
-        return cls(config, storage=storage, clock=clock, listener_factories=listener_factories)
-
-    @classmethod
-    def cluster(
-        cls,
-        config: GatewayConfig,
-        *,
-        clock: Clock | None = None,
-        listener_factories: Mapping[str, ListenerFactory] | None = None,
-        directory: GatewayDirectory | None = None,
-    ) -> Gateway:
-        """The separated form: storage nodes found through the nameservers, this
-        gateway registered with navigation (when configured, unless ``directory``
-        says who the peers are) so that Kafka Metadata and RocketMQ routes name every
-        live gateway."""
-        if not config.cluster.nameservers:
-            raise ValueError("the Cluster form needs cluster.nameservers (--nameserver)")
-        from nameserver.client import NameserverClient
-        from storage.cluster import ClusterStorage
-        from storage.remote import RemoteStorage
-
-        storage = ClusterStorage(
-            NameserverClient(config.cluster.nameservers),
-            lambda node: RemoteStorage(node.host, node.port),
-        )
-        peers: GatewayDirectory | Callable[[Gateway], GatewayDirectory] | None = directory
-        if peers is None and config.cluster.navigation:
-            from navigation.directory import NavigationDirectory
-
-            def peers(gateway: Gateway) -> GatewayDirectory:
-                return NavigationDirectory(
-                    config.cluster.navigation,
-                    gateway_id=gateway.gateway_id,
-                    zone=config.cluster.zone,
-                    endpoints=gateway.own_endpoints,
-                    load=lambda: float(len(gateway.connections)),
-                    heartbeat_ms=config.cluster.heartbeat_ms,
-                )
-
-        return cls(
-            config,
-            storage=storage,
-            clock=clock,
-            listener_factories=listener_factories,
-            directory=peers,
-        )
 
     @property
     def gateway_id(self) -> str:

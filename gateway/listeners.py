@@ -1,5 +1,6 @@
 """Listener lifecycle: the sockets the protocols serve, started in order and stopped
-in reverse, and the one table saying which protocol serves which listener.
+in reverse. Which protocol serves which listener is the composition root's table
+(``gateway.assembly.protocol_listeners``).
 """
 
 from __future__ import annotations
@@ -7,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self
@@ -30,7 +31,6 @@ __all__ = [
     "ListenerFactory",
     "ListenerSet",
     "TcpListener",
-    "protocol_listeners",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,29 +78,6 @@ class ListenerContext:
 
 
 ListenerFactory = Callable[[ListenerContext], Listener]
-
-
-def protocol_listeners() -> Mapping[str, ListenerFactory]:
-    """Listener name (a key of ``[listeners]``) to the factory of its protocol server.
-
-    Each protocol issue adds its line here. The imports stay inside the function so
-    that protocols, which import the gateway's processor, never form an import cycle
-    with the gateway package.
-    """
-    from protocols.amqp.listener import amqp_listener
-    from protocols.http.listener import http_listener
-    from protocols.kafka.listener import kafka_listener
-    from protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
-    from protocols.rocketmq.listener import rocketmq_listener
-
-    factories: dict[str, ListenerFactory] = {}
-    factories["kafka"] = kafka_listener
-    factories["amqp"] = amqp_listener
-    factories["mqtt"] = mqtt_listener
-    factories["mqtt_ws"] = mqtt_ws_listener
-    factories["rocketmq"] = rocketmq_listener
-    factories["http"] = http_listener
-    return factories
 
 
 class ListenerSet:

@@ -12,8 +12,8 @@ import signal
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
+from gateway.assembly import build_gateway, storage_url
 from gateway.config import GatewayConfig
-from gateway.gateway import Gateway
 from gateway.listeners import ListenerFactory
 from storage.errors import StorageError
 
@@ -39,7 +39,6 @@ async def serve(
     *,
     stop: asyncio.Event | None = None,
     listener_factories: Mapping[str, ListenerFactory] | None = None,
-    cluster: bool = False,
 ) -> None:
     """Run until ``stop`` is set, then shut down in order.
 
@@ -47,21 +46,17 @@ async def serve(
     listener's bound address) and ``ready`` once every listener accepts connections.
     """
     stop = stop or asyncio.Event()
-    if cluster:
-        gateway = Gateway.cluster(config, listener_factories=listener_factories)
+    url = storage_url(config)
+    gateway = build_gateway(config, listener_factories=listener_factories)
+    if url.startswith("polymq:"):
         log.info(
-            "storage: storage nodes through nameserver(s) %s; navigation %s; gateway id %s",
-            ", ".join(config.cluster.nameservers),
+            "storage: %s (storage nodes through the nameservers); navigation %s; gateway id %s",
+            url,
             config.cluster.navigation or "none",
             gateway.gateway_id,
         )
     else:
-        gateway = Gateway.local(config, listener_factories=listener_factories)
-        log.info(
-            "storage: embedded engine, data dir %s, durability %s",
-            config.storage.data_dir.resolve(),
-            config.storage.durability,
-        )
+        log.info("storage: %s, durability %s", url, config.storage.durability)
     async with gateway:
         for listener in gateway.listeners:
             host, port = listener.address or (config.server.host, listener.port)
@@ -107,12 +102,13 @@ def _on_stop_signals(stop: asyncio.Event) -> Callable[[], None]:
     return remove
 
 
-def run(config: GatewayConfig, *, cluster: bool = False) -> int:
-    """The merged server (or, with ``cluster``, a gateway of the separated form) in the
-    foreground; the process exit code."""
-    form = "separated form: gateway" if cluster else "merged form"
+def run(config: GatewayConfig) -> int:
+    """The merged server (or, when its storage is the pool's, a gateway of the
+    separated form) in the foreground; the process exit code."""
+    separated = storage_url(config).startswith("polymq:")
+    form = "separated form: gateway" if separated else "merged form"
     return run_foreground(
-        lambda stop: serve(config, stop=stop, cluster=cluster),
+        lambda stop: serve(config, stop=stop),
         log_level=config.server.log_level,
         what=f"polymq starting ({form}",
     )

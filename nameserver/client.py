@@ -12,8 +12,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from nameserver.model import NodeHeartbeat, RouteTable
 from storage.errors import StorageUnavailable
+from storage.routes import NodeHeartbeat, RouteTable
 from storage.rpc import RpcClient
 
 __all__ = ["NameserverClient", "parse_address"]

@@ -14,15 +14,14 @@ import logging
 from types import TracebackType
 from typing import Self
 
-from gateway.config import GatewayConfig
-from nameserver.model import NodeHeartbeat, RouteTable
 from nameserver.registry import Registry
 from storage.clock import Clock, SystemClock
 from storage.errors import InvalidArgument
 from storage.names import check_name
+from storage.routes import NodeHeartbeat, RouteTable
 from storage.rpc import Handler, RpcServer
 
-__all__ = ["Nameserver", "NameserverService", "serve_nameserver"]
+__all__ = ["Nameserver", "NameserverService"]
 
 log = logging.getLogger(__name__)
 
@@ -128,24 +127,3 @@ class Nameserver:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:
-    """``polymq nameserver``: serve until ``stop`` is set (signals are the caller's).
-
-    Warm-up after a start: three node heartbeat intervals (bounded by the expiry), the
-    time every live node needs to report in."""
-    expiry_ms = config.nameserver.node_expiry_ms
-    nameserver = Nameserver(
-        host=config.server.host,
-        port=config.nameserver.port,
-        node_expiry_ms=expiry_ms,
-        warmup_ms=min(expiry_ms, 3 * config.cluster.heartbeat_ms),
-    )
-    async with nameserver:
-        host, port = nameserver.address
-        log.info("nameserver: listening on %s:%d, node expiry %d ms", host, port, expiry_ms)
-        log.info("ready")
-        await stop.wait()
-        log.info("stopping")
-    log.info("stopped")

@@ -20,7 +20,7 @@ from urllib.parse import quote
 
 import httpx
 
-from gateway.directory import GatewayEndpoint
+from navigation.endpoints import GatewayEndpoint
 
 __all__ = ["NavigationDirectory"]
 

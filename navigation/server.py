@@ -17,12 +17,11 @@ from typing import Self
 
 import uvicorn
 
-from gateway.config import GatewayConfig
 from navigation.app import build_app
 from navigation.registry import GatewayRegistry
 from storage.clock import Clock, SystemClock
 
-__all__ = ["NavigationServer", "serve_navigation"]
+__all__ = ["NavigationServer"]
 
 log = logging.getLogger(__name__)
 
@@ -127,16 +126,3 @@ class NavigationServer:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
-
-
-async def serve_navigation(config: GatewayConfig, stop: asyncio.Event) -> None:
-    """``polymq navigation``: serve until ``stop`` is set (signals are the caller's)."""
-    expiry_ms = config.navigation.gateway_expiry_ms
-    async with NavigationServer(
-        host=config.server.host, port=config.navigation.port, gateway_expiry_ms=expiry_ms
-    ) as navigation:
-        log.info("navigation: listening on %s, gateway expiry %d ms", navigation.url, expiry_ms)
-        log.info("ready")
-        await stop.wait()
-        log.info("stopping")
-    log.info("stopped")

@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from nameserver.model import NodeStatus, RouteTable
 from storage.api import StorageAPI
 from storage.errors import StorageUnavailable
+from storage.routes import NodeStatus, RouteTable
 
 __all__ = ["Connect", "Node", "NodeClient", "RouteCache", "RouteSource"]
 

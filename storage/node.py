@@ -19,21 +19,18 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from nameserver.client import NameserverClient
-from nameserver.model import NodeHeartbeat
 from storage.api import StorageAPI
 from storage.engine import Engine
 from storage.engine.ids import load_node_id
 from storage.errors import NamespaceAlreadyExists
 from storage.names import check_name
+from storage.routes import NodeHeartbeat
 from storage.rpc import Handler, RpcServer
 
-if TYPE_CHECKING:
-    from gateway.config import GatewayConfig
-
-__all__ = ["SERVED_METHODS", "StorageNode", "serve_node"]
+__all__ = ["SERVED_METHODS", "StorageNode"]
 
 log = logging.getLogger(__name__)
 
@@ -304,39 +301,3 @@ def _disk_free(path: Path) -> int:
         return shutil.disk_usage(path).free
     except OSError:
         return 0
-
-
-async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
-    """Run a storage node from the gateway's config until ``stop`` is set
-    (``polymq storage``)."""
-    # Kafka stores record batches raw ("kafka.v2"); the node expands them when another
-    # protocol reads one message at a time, so it needs the expander registered.
-    import protocols.kafka  # noqa: F401
-    from gateway.config import engine_config
-
-    engine = Engine(engine_config(config))
-    node = StorageNode(
-        engine,
-        config.node.node_id or None,
-        host=config.server.host,
-        port=config.node.port,
-        nameservers=config.cluster.nameservers,
-        heartbeat_ms=config.cluster.heartbeat_ms,
-        advertised_host=config.cluster.advertised_host or None,
-    )
-    await node.start()
-    try:
-        host, port = node.address
-        log.info("storage node: id %s", node.node_id)
-        log.info(
-            "storage node: listening on %s:%d (advertised as %s)", host, port, node.advertised_host
-        )
-        log.info("storage node: data in %s", engine.config.data_dir)
-        log.info(
-            "storage node: nameservers %s",
-            ", ".join(node.nameservers) if node.nameservers else "none (not registered anywhere)",
-        )
-        log.info("storage node: ready")
-        await stop.wait()
-    finally:
-        await node.close()

@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from nameserver.model import NodeHeartbeat
 from storage import api
 from storage.model import (
     AppendRequest,
@@ -31,6 +30,7 @@ from storage.model import (
     TopicConfig,
     TopicInfo,
 )
+from storage.routes import NodeHeartbeat
 from storage.rpc import RpcClient
 
 __all__ = ["RemoteStorage"]

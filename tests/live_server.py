@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
+from gateway.assembly import build_gateway, protocol_listeners
 from gateway.config import (
     GatewayConfig,
     ListenerConfig,
@@ -27,7 +28,7 @@ from gateway.config import (
 )
 from gateway.directory import GatewayEndpoint
 from gateway.gateway import Gateway
-from gateway.listeners import ListenerFactory, protocol_listeners
+from gateway.listeners import ListenerFactory
 from storage.api import StorageAPI
 from storage.engine import Engine
 from storage.errors import StorageUnavailable
@@ -202,16 +203,9 @@ def live_gateways(
                             cluster=dataclasses.replace(one.cluster, gateway_id=f"gateway-{i + 1}"),
                         )
                     peers = _Peers(built, one.cluster.gateway_id) if count > 1 else None
-                    if cluster:
-                        gateway = Gateway.cluster(
-                            one, listener_factories=factories, directory=peers
-                        )
-                    elif shared is not None:
-                        gateway = Gateway(
-                            one, storage=shared, listener_factories=factories, directory=peers
-                        )
-                    else:
-                        gateway = Gateway.local(one, listener_factories=factories)
+                    gateway = build_gateway(
+                        one, listener_factories=factories, directory=peers, storage=shared
+                    )
                     built.append(gateway)
                     await stack.enter_async_context(gateway)
                 started.set()

@@ -105,7 +105,7 @@ def register(cls: type, code: int) -> None:
     """Make instances of ``cls`` (a dataclass or a StrEnum) encodable as extension type
     ``code``. Both ends must register the same classes under the same codes;
     registering a class again under its own code is harmless. Taken: 16..47 for
-    :mod:`storage.model`, 48..63 for :mod:`nameserver.model`; 64..127 are free."""
+    :mod:`storage.model`, 48..63 for :mod:`storage.routes`; 64..127 are free."""
     if not _FIRST_REGISTERED <= code <= 127:
         raise ValueError(f"extension code must be {_FIRST_REGISTERED}..127, got {code}")
     known = _BY_CODE.get(code)
@@ -336,8 +336,8 @@ class FrameDecoder:
 
 def _register_model() -> None:
     """Codes are part of the wire format: never renumber, only add."""
-    from nameserver import model as ns
     from storage import model as m
+    from storage import routes as ns
 
     for code, cls in enumerate(
         (

@@ -19,7 +19,7 @@ import pytest
 
 from gateway.cluster_tool import LocalCluster
 from nameserver.client import NameserverClient
-from nameserver.model import RouteTable
+from storage.routes import RouteTable
 
 _JSON = {"Accept": "application/json", "Content-Type": "application/json"}
 _TIMEOUT_S = 60.0

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from gateway.cluster_status import render
 from gateway.cluster_tool import layout
-from nameserver.model import NodeStatus, RouteTable
+from storage.routes import NodeStatus, RouteTable
 
 
 def test_layout_gives_each_process_its_own_ports_and_folder(tmp_path: Path) -> None:

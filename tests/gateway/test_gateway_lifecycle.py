@@ -7,10 +7,20 @@ from typing import cast
 
 import pytest
 
-from gateway.config import LISTENER_NAMES, AccountConfig, AuthConfig, GatewayConfig, load_config
+from gateway.assembly import build_gateway, open_storage, storage_url
+from gateway.config import (
+    LISTENER_NAMES,
+    AccountConfig,
+    AuthConfig,
+    ConfigError,
+    GatewayConfig,
+    load_config,
+)
 from gateway.gateway import Gateway
 from gateway.listeners import Listener, ListenerContext
 from storage.api import StorageAPI
+from storage.clock import SystemClock
+from storage.memory import MemoryEngine
 from tests.gateway.gateway_fakes import MemoryStorage, echo_listener
 
 TIMEOUT = 5
@@ -114,14 +124,32 @@ async def test_disabled_listener_is_not_built(tmp_path: Path) -> None:
     assert "kafka" not in gateway.unbuilt
 
 
-def test_cluster_form_needs_nameservers() -> None:
-    with pytest.raises(ValueError, match=r"cluster\.nameservers"):
-        Gateway.cluster(GatewayConfig())
+def test_storage_is_chosen_by_url(tmp_path: Path) -> None:
+    assert storage_url(config(tmp_path)) == (tmp_path / "data").resolve().as_uri()
+    cluster = config(tmp_path, CLUSTER__NAMESERVERS="a:1,b:2")
+    assert storage_url(cluster) == "polymq://a:1,b:2"
+    assert storage_url(config(tmp_path, STORAGE__URL="memory://")) == "memory://"
+    with pytest.raises(ConfigError, match="unknown scheme"):
+        open_storage("s3://bucket", GatewayConfig(), SystemClock())
+    with pytest.raises(ConfigError, match="no nameserver"):
+        open_storage("polymq://", GatewayConfig(), SystemClock())
+
+
+async def test_memory_storage_leaves_nothing_behind(tmp_path: Path) -> None:
+    cfg = config(tmp_path, STORAGE__URL="memory://")
+    async with build_gateway(cfg, listener_factories={}) as gw:
+        assert isinstance(gw.storage, MemoryEngine)
+        scratch = gw.storage.scratch
+        assert scratch.is_dir()
+        await gw.storage.create_topic("default", "t")
+        assert [t.name for t in await gw.storage.list_topics("default")] == ["t"]
+    assert not scratch.exists()
+    assert not (tmp_path / "data").exists()
 
 
 async def test_merged_directory_names_this_gateway_on_its_bound_ports(tmp_path: Path) -> None:
     cfg = config(tmp_path, CLUSTER__ADVERTISED_HOST="gw.example", CLUSTER__GATEWAY_ID="gw-1")
-    async with Gateway.local(cfg, listener_factories={"mqtt": echo_listener}) as gw:
+    async with build_gateway(cfg, listener_factories={"mqtt": echo_listener}) as gw:
         mqtt = gw.listeners.get("mqtt")
         assert mqtt is not None and mqtt.address is not None
         (endpoint,) = gw.directory.endpoints("mqtt")
@@ -134,12 +162,12 @@ async def test_merged_directory_names_this_gateway_on_its_bound_ports(tmp_path: 
 
 async def test_local_form_over_the_real_engine(tmp_path: Path) -> None:
     cfg = config(tmp_path, SERVER__NAMESPACES="default,team")
-    async with Gateway.local(cfg, listener_factories={"mqtt": echo_listener}) as gw:
+    async with build_gateway(cfg, listener_factories={"mqtt": echo_listener}) as gw:
         assert sorted(await gw.storage.list_namespaces()) == ["default", "team"]
         mqtt = gw.listeners.get("mqtt")
         assert mqtt is not None and mqtt.address is not None
         assert await echo_roundtrip(mqtt.address) == b"ping\n"
     assert (tmp_path / "data").is_dir()
     # A second start over the same data finds the namespaces and does not fail on them.
-    async with Gateway.local(cfg, listener_factories={}) as gw:
+    async with build_gateway(cfg, listener_factories={}) as gw:
         assert sorted(await gw.storage.list_namespaces()) == ["default", "team"]

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nameserver.model import NodeHeartbeat, TopicKey
 from nameserver.registry import Registry
 from storage.errors import InvalidArgument, StorageUnavailable
+from storage.routes import NodeHeartbeat, TopicKey
 
 EXPIRY = 10_000
 T0 = 1_700_000_000_000

@@ -13,11 +13,12 @@ from dataclasses import replace
 import pytest
 
 from gateway.config import GatewayConfig, NameserverConfig, ServerConfig
+from gateway.roles import serve_nameserver
 from nameserver.client import NameserverClient, parse_address
-from nameserver.model import NodeHeartbeat, RouteTable
-from nameserver.server import Nameserver, serve_nameserver
+from nameserver.server import Nameserver
 from storage.clock import ManualClock
 from storage.errors import InvalidArgument, InvalidName, StorageUnavailable
+from storage.routes import NodeHeartbeat, RouteTable
 from storage.rpc import RpcClient
 
 WAIT_S = 10.0
@@ -243,7 +244,7 @@ async def test_serve_nameserver_logs_its_address_and_ready(
         nameserver=NameserverConfig(port=0, node_expiry_ms=5000),
     )
     stop = asyncio.Event()
-    with caplog.at_level(logging.INFO, logger="nameserver.server"):
+    with caplog.at_level(logging.INFO, logger="gateway.roles"):
         task = asyncio.create_task(serve_nameserver(config, stop))
 
         async def ready() -> bool:

@@ -12,7 +12,6 @@ from typing import cast
 import pytest
 
 from nameserver.client import NameserverClient
-from nameserver.model import NodeStatus
 from nameserver.server import Nameserver
 from storage.cluster import ClusterStorage
 from storage.cluster_routes import NodeClient
@@ -21,6 +20,7 @@ from storage.errors import StorageUnavailable, TopicNotFound
 from storage.model import AppendRequest, Message, QueueRef
 from storage.node import StorageNode
 from storage.remote import RemoteStorage
+from storage.routes import NodeStatus
 from tests.storage.test_cluster_harness import eventually
 
 NS = "default"

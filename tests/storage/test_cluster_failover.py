@@ -8,10 +8,10 @@ from typing import cast
 
 import pytest
 
-from nameserver.model import RouteTable
 from storage.cluster import ClusterStorage
 from storage.errors import StorageUnavailable
 from storage.model import AppendRequest, Message, QueueRef
+from storage.routes import RouteTable
 from tests.storage.test_cluster_harness import (  # noqa: F401
     EngineNode,
     Pool,

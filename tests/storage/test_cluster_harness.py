@@ -21,13 +21,13 @@ from typing import Any, cast
 
 import pytest
 
-from nameserver.model import NodeHeartbeat, NodeStatus, RouteTable
 from nameserver.registry import Registry
 from storage.cluster import ClusterStorage
 from storage.cluster_routes import NodeClient
 from storage.engine import Durability, Engine, EngineConfig
 from storage.errors import NamespaceAlreadyExists, StorageUnavailable
 from storage.model import QueueRef
+from storage.routes import NodeHeartbeat, NodeStatus, RouteTable
 
 __all__ = [
     "EngineNode",

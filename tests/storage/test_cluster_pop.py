@@ -9,7 +9,6 @@ from typing import Any, cast
 
 import pytest
 
-from nameserver.model import NodeStatus
 from storage.cluster import ClusterStorage
 from storage.cluster_pop import Overflow, pop_spread
 from storage.cluster_routes import Node, NodeClient
@@ -22,6 +21,7 @@ from storage.model import (
     StoredMessage,
     TopicConfig,
 )
+from storage.routes import NodeStatus
 from tests.storage.test_cluster_harness import (  # noqa: F401
     Pool,
     cluster_fixture,

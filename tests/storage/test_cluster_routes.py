@@ -8,11 +8,11 @@ from typing import cast
 
 import pytest
 
-from nameserver.model import NodeStatus, RouteTable
 from storage.cluster import ClusterStorage
 from storage.cluster_routes import LOCAL_GRACE_MS, NodeClient, RouteCache
 from storage.errors import TopicNotFound
 from storage.model import AppendRequest, Message, QueueRef
+from storage.routes import NodeStatus, RouteTable
 from tests.storage.test_cluster_harness import Pool, eventually, pool_fixture  # noqa: F401
 
 NS = "default"

@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from nameserver.model import NodeHeartbeat
 from protocols.kafka.records import KafkaRecord, encode_batch
 from storage.engine.ids import load_node_id
 from storage.errors import StorageClosed
 from storage.model import AppendRequest, BatchEntry, QueueRef, TopicConfig
 from storage.node import HOME_KIND, StorageNode
 from storage.remote import RemoteStorage
+from storage.routes import NodeHeartbeat
 from storage.rpc import RpcServer
 from tests.storage.conftest import EngineFactory
 
@@ -222,7 +222,7 @@ async def test_serve_node_runs_a_node_process_that_expands_kafka_batches(
     script = (
         "import asyncio, logging, sys\n"
         "from gateway.config import load_config\n"
-        "from storage.node import serve_node\n"
+        "from gateway.roles import serve_node\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         "config = load_config(overrides={'storage.data_dir': sys.argv[1],"
         " 'node.port': '0', 'cluster.nameservers': sys.argv[2],"

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nameserver import model as ns
 from storage import errors
 from storage import model as m
+from storage import routes as ns
 from storage.rpc import RpcClient, RpcServer, codec
 
 # Every dataclass of both models: a new one that is not registered fails here.

@@ -1,5 +1,7 @@
-"""What storage nodes tell nameservers and what nameservers answer: plain data that
-crosses the network in the storage RPC encoding (:mod:`storage.rpc`).
+"""The pool's routes: what storage nodes tell nameservers and what nameservers answer,
+plain data that crosses the network in the storage RPC encoding (:mod:`storage.rpc`).
+It sits with the storage model, below the nameserver that keeps it and the cluster
+client that reads it.
 
 All of it is soft state, as in RocketMQ's nameserver: a nameserver keeps only what the
 latest heartbeats told it, so a restarted one is whole again after one heartbeat
