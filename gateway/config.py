@@ -94,7 +94,7 @@ class ListenersConfig:
     http: ListenerConfig = ListenerConfig(port=8080)
 
     def items(self) -> tuple[tuple[str, ListenerConfig], ...]:
-        """Listeners in start-up order (the order of DESIGN.md's port table)."""
+        """Listeners in start-up order (the port table's order in docs/architecture.md)."""
         return tuple((name, getattr(self, name)) for name in LISTENER_NAMES)
 
 
@@ -221,7 +221,7 @@ class HttpConfig:
     max_date_skew_s: int = 900
 
 
-# -- the separated form (DESIGN.md section 4; docs/cluster.md) ----------------------
+# -- the separated form (docs/architecture.md, docs/cluster.md) -------------------
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -1,5 +1,5 @@
 """The navigation service (``polymq navigation``): where the gateways are, per protocol
-and zone, least loaded first (DESIGN.md section 4; docs/cluster.md).
+and zone, least loaded first (docs/architecture.md, docs/cluster.md).
 
 :mod:`navigation.registry` is the pure state, :mod:`navigation.app` the HTTP API,
 :mod:`navigation.server` the process and :mod:`navigation.directory` a gateway's

@@ -1,5 +1,5 @@
 """Where the gateways are: what Kafka Metadata/FindCoordinator and RocketMQ QueryRoute
-answer, so clients only ever see gateways, never storage nodes (DESIGN.md section 1).
+answer, so clients only ever see gateways, never storage nodes (docs/architecture.md).
 
 The merged form has one gateway, itself. The separated form asks the navigation
 service (:mod:`navigation`), refreshed in the background, so handlers read it without

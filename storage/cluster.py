@@ -1,4 +1,4 @@
-"""The storage API over a pool of storage nodes (the separated form, DESIGN.md section 4).
+"""The storage API over a pool of storage nodes (the separated form, docs/cluster.md).
 
 A gateway in Cluster mode builds a :class:`ClusterStorage` where the merged form
 builds an :class:`~storage.engine.Engine`; nothing above the storage API knows which

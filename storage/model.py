@@ -1,4 +1,4 @@
-"""The abstract message model shared by every protocol (DESIGN.md section 2).
+"""The abstract message model shared by every protocol (docs/architecture.md).
 
 Everything here is plain, immutable data: it crosses the storage API unchanged and,
 in the Cluster form, the network. No protocol's types appear here; adapters map their

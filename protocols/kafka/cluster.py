@@ -1,6 +1,6 @@
 """Which gateway plays which Kafka broker role, from the gateway directory.
 
-Clients only ever see gateways (DESIGN.md section 1). Storage is shared, so any gateway
+Clients only ever see gateways (docs/architecture.md). Storage is shared, so any gateway
 serves Produce and Fetch for any partition; but group membership, transactions and
 idempotent-producer state live in one gateway's memory, so every member of a group
 (every producer of a transactional id) must reach the same one. Each gateway computes

@@ -1,4 +1,4 @@
-"""MNS messages onto the abstract model and back (DESIGN.md's protocol mapping).
+"""MNS messages onto the abstract model and back (the mapping in docs/interop.md).
 
 MessageBody text is stored as its UTF-8 bytes (the SDK base64-encodes by default; it is
 still text to us). MessageGroupId is the message group, MessageTag the tag; user

@@ -1,7 +1,7 @@
 """One namespace's MQTT world: sessions, the subscription index, retained messages and
 the routing of a publish to storage and to subscribers.
 
-Routing (DESIGN.md): every publish is one storage append, indexed into the storage
+Routing (docs/mqtt.md): every publish is one storage append, indexed into the storage
 topic (the topic name's first level, so other protocols see it), into the session
 queue of every persistent session it reaches at QoS 1 or 2, and into the queue of
 every shared-subscription group it matches (multi-dispatch). Those sessions read

@@ -1,5 +1,5 @@
-"""MQTT PUBLISH packets to the abstract :class:`Message` and back (DESIGN.md,
-protocol mapping): the storage topic is the topic name's first level, the full name
+"""MQTT PUBLISH packets to the abstract :class:`Message` and back (docs/interop.md):
+the storage topic is the topic name's first level, the full name
 travels as the ``mqtt.topic`` property, v5 properties land in the model's own fields
 where it has them and in ``properties`` (in order) where not.
 """

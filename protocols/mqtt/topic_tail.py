@@ -5,7 +5,7 @@ lands in storage topic ``sensors`` is not. A tail follows each queue of a storag
 topic that some MQTT filter can reach by its first level (offset mode, from the end
 at the time the tail first starts, then from its committed offset) and routes the
 messages that carry no ``mqtt.topic`` property, under the storage topic's name
-(DESIGN.md mapping).
+(docs/interop.md).
 """
 
 from __future__ import annotations
