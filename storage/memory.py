@@ -32,14 +32,16 @@ def _scratch_dir() -> Path:
 
 class MemoryEngine(Engine):
     """An :class:`Engine` whose data lives only as long as it does. ``config``'s data
-    directory and durability are replaced; every other setting applies."""
+    directory and durability are replaced; every other setting applies (the engine's
+    defaults without one)."""
 
-    def __init__(self, config: EngineConfig, *, clock: Clock | None = None) -> None:
+    def __init__(self, config: EngineConfig | None = None, *, clock: Clock | None = None) -> None:
         scratch = _scratch_dir()
         self.scratch = scratch
         # Removed at close, or when the engine is collected without being closed.
         self._cleanup = weakref.finalize(self, shutil.rmtree, scratch, ignore_errors=True)
-        memory = dataclasses.replace(config, data_dir=scratch, durability=Durability.ASYNC)
+        base = config or EngineConfig(data_dir=scratch)
+        memory = dataclasses.replace(base, data_dir=scratch, durability=Durability.ASYNC)
         super().__init__(memory, clock=clock)
 
     async def close(self) -> None:

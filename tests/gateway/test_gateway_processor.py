@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -12,8 +13,9 @@ from gateway.processor import Caller, Processor
 from storage import batch_formats
 from storage.api import StorageAPI
 from storage.clock import ManualClock
+from storage.memory import MemoryEngine
 from storage.model import AppendRequest, BatchEntry, Message, QueueRef, TopicConfig
-from tests.gateway.gateway_fakes import MemoryStorage
+from tests.gateway.gateway_fakes import RecordedStorage
 
 ACCOUNTS = AuthConfig(
     mode="accounts",
@@ -27,7 +29,7 @@ ACCOUNTS = AuthConfig(
 
 class Setup:
     def __init__(self) -> None:
-        self.storage = MemoryStorage()
+        self.storage = RecordedStorage()
         self.accounts = Accounts(ACCOUNTS)
         self.metering = Metering()
         self.processor = Processor(
@@ -40,12 +42,20 @@ class Setup:
 
 
 @pytest.fixture
-async def setup() -> Setup:
+async def setup() -> AsyncIterator[Setup]:
     s = Setup()
+    await s.storage.start()
     for ns in ("alice", "bob"):
         await s.storage.create_namespace(ns)
         await s.storage.create_topic(ns, "t")
-    return s
+    s.storage.calls.clear()
+    yield s
+    await s.storage.close()
+
+
+# Calls that read or change messages, offsets or metadata (not the namespace and
+# topic listing the checks themselves may not even reach).
+DATA_CALLS = {"append", "read", "read_batches", "pop", "commit_offset", "meta_get", "create_topic"}
 
 
 def request(namespace: str, body: bytes = b"hello") -> AppendRequest:
@@ -120,9 +130,10 @@ async def test_internal_topics_and_pop_durability_pass_through(setup: Setup) -> 
     listed = await setup.processor.list_topics(alice, include_internal=True)
     assert [t.name for t in listed] == ["$queue", "t"]
     await setup.processor.pop(alice, "g", [QueueRef("alice", "t")], durable=False)
-    assert setup.storage.pop_durable is False
+    assert [c.kwargs.get("durable") for c in setup.storage.calls if c.name == "pop"] == [False]
     await setup.processor.pop(alice, "g", [QueueRef("alice", "t")])
-    assert setup.storage.pop_durable is True
+    pops = [c for c in setup.storage.calls if c.name == "pop"]
+    assert pops[-1].kwargs.get("durable", True) is True
 
 
 async def test_another_namespace_is_denied(setup: Setup) -> None:
@@ -138,7 +149,7 @@ async def test_another_namespace_is_denied(setup: Setup) -> None:
     for call in calls:
         with pytest.raises(AccessDenied, match="'alice' may not use namespace 'bob'"):
             await call
-    assert setup.storage.queues == {}  # nothing reached storage
+    assert DATA_CALLS.isdisjoint(setup.storage.names())  # nothing reached storage
     assert setup.metering.snapshot() == []
 
 
@@ -154,7 +165,7 @@ async def test_queue_refs_outside_the_callers_namespace_are_refused(setup: Setup
         await setup.processor.pop(alice, "g", [QueueRef("alice", "t"), bob_queue])
     with pytest.raises(AccessDenied):
         await setup.processor.commit_offset(alice, "g", bob_queue, 1)
-    assert setup.storage.queues == {}
+    assert DATA_CALLS.isdisjoint(setup.storage.names())
 
 
 async def test_admin_and_namespace_management(setup: Setup) -> None:
@@ -170,15 +181,14 @@ async def test_admin_and_namespace_management(setup: Setup) -> None:
 
 
 async def test_open_mode_anonymous_may_use_any_namespace() -> None:
-    storage = MemoryStorage()
-    await storage.create_namespace("anything")
-    await storage.create_topic("anything", "t")
-    processor = Processor(
-        cast(StorageAPI, storage), Accounts(AuthConfig()), Metering(), ManualClock()
-    )
-    caller = Caller(principal=ANONYMOUS, namespace="anything", protocol="mqtt")
-    await processor.append(caller, [request("anything")])
-    assert len(storage.queues[QueueRef("anything", "t")]) == 1
+    async with MemoryEngine() as storage:
+        await storage.create_namespace("anything")
+        await storage.create_topic("anything", "t")
+        processor = Processor(storage, Accounts(AuthConfig()), Metering(), ManualClock())
+        caller = Caller(principal=ANONYMOUS, namespace="anything", protocol="mqtt")
+        await processor.append(caller, [request("anything")])
+        read = await storage.read(QueueRef("anything", "t"), 0)
+        assert [m.message.body for m in read.messages] == [b"hello"]
 
 
 async def test_over_the_real_engine(tmp_path: Path) -> None:
