@@ -2,7 +2,8 @@
 
 The same ``apply_*`` methods serve a live call and a replay after a crash, so what a
 restart rebuilds is by construction what the running engine had. Nothing here does
-I/O: :mod:`storage.engine.engine` owns the files, the write gate and the public API.
+I/O: :mod:`storage.engine.core` owns the files and the write gate, and
+:mod:`storage.engine.engine` the public API.
 """
 
 from __future__ import annotations
