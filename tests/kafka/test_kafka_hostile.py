@@ -553,6 +553,121 @@ def test_unauthenticated_memory_ceiling(secure: LiveServer) -> None:
     assert per_connection < declared + (256 << 10), f"{per_connection / 1024:.0f} KiB each"
 
 
+# -- a peer that leaves while its request waits ---------------------------------------
+
+LONG_MS = 600_000  # a wait far beyond GIVE_UP_S: only the peer's leaving can end it
+
+
+def _peer(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"{host}:{port}"
+
+
+def _listed(server: LiveServer, peer: str, *, identified: bool = False) -> bool:
+    """Whether the server lists the connection from ``peer`` (and, with ``identified``,
+    has read its first whole request: open mode identifies it then)."""
+    return any(
+        c.peer == peer and (c.principal is not None or not identified)
+        for c in server.gateway.connections.list(protocol="kafka")
+    )
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float = GIVE_UP_S) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _leave(client: RawKafka, how: str) -> None:
+    if how == "reset":  # what the fuzzer does: SO_LINGER 0, the close sends RST
+        client.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    client.close()
+
+
+def _join(group: str) -> dict[str, Any]:
+    return {
+        "group_id": group,
+        "session_timeout": 30_000,
+        "rebalance_timeout": LONG_MS,
+        "member_id": "",
+        "protocol_type": "consumer",
+        "protocols": [{"name": "range", "metadata": b"m"}],
+    }
+
+
+def _long_fetch(topic: str) -> dict[str, Any]:
+    partitions = [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1024}]
+    return {
+        "replica_id": -1,
+        "max_wait": LONG_MS,
+        "min_bytes": 1,
+        "max_bytes": 1 << 20,
+        "topics": [{"topic": topic, "partitions": partitions}],
+    }
+
+
+def _create(client: RawKafka, topic: str) -> None:
+    answer = client.request(3, 4, {"topics": [{"name": topic}], "allow_auto_topic_creation": True})
+    assert answer.topics[0].error_code is ErrorCode.none
+
+
+def _left_waiting(server: LiveServer, frame: bytes, how: str) -> None:
+    """Send ``frame`` as a new connection's first request, leave once the server has
+    read it, and wait until the server no longer lists the connection."""
+    client = RawKafka(*server.address("kafka"))
+    peer = _peer(client.sock)
+    try:
+        client.send_bytes(frame)
+        assert _wait_until(lambda: _listed(server, peer, identified=True))
+        _leave(client, how)
+        assert _wait_until(lambda: not _listed(server, peer)), f"{peer} still listed"
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_peer_leaving_a_join_group_is_unregistered(everyone: LiveServer, how: str) -> None:
+    """netfuzz's lingering finding: a JoinGroup waiting for an earlier member to rejoin
+    (up to the rebalance timeout the client chose) kept a connection whose peer had
+    reset it, listed and holding its slot, until the join ended."""
+    join = _join(f"lingering-{how}")
+    with RawKafka(*everyone.address("kafka")) as first:
+        leader = first.request(11, 5, join)
+        assert leader.error_code is ErrorCode.none
+        _left_waiting(everyone, first.frame(11, 5, join), how)
+        # The member stays in its group until its session ends, as in Kafka; the
+        # leader, rejoining, is answered as ever.
+        rejoin = first.request(11, 5, {**join, "member_id": leader.member_id})
+        assert rejoin.error_code is ErrorCode.none
+
+
+@pytest.mark.parametrize("how", ["reset", "close"])
+def test_peer_leaving_a_long_fetch_is_unregistered(
+    everyone: LiveServer, topic: str, how: str
+) -> None:
+    with RawKafka(*everyone.address("kafka")) as admin:
+        _create(admin, topic)
+        _left_waiting(everyone, admin.frame(1, 4, _long_fetch(topic)), how)
+
+
+def test_pipelined_request_behind_a_fetch_wait_is_answered(
+    everyone: LiveServer, topic: str
+) -> None:
+    """The watch for a peer leaving reads the next request's first byte: it is handed
+    back, so a request pipelined behind a long poll is answered, in order."""
+    with RawKafka(*everyone.address("kafka")) as client:
+        _create(client, topic)
+        fetch = _long_fetch(topic) | {"max_wait": 200}
+        metadata = client.frame(3, 4, {"topics": [{"name": topic}]})
+        client.send_bytes(client.frame(1, 4, fetch) + metadata[:1])
+        client.send_bytes(metadata[1:])
+        assert client.response(1, 4).responses[0].partitions[0].error_code is ErrorCode.none
+        assert client.response(3, 4).topics[0].name == topic
+
+
 if __name__ == "__main__":
     count, seed = int(sys.argv[1]), int(sys.argv[2])
     mode = sys.argv[3] if len(sys.argv) > 3 else "checked"
