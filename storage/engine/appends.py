@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from storage import batch_formats
+from storage.api import check_append_queues
 from storage.engine import records as rec
 from storage.engine.commit_log import HEADER_SIZE
 from storage.engine.core import EnginePart
@@ -48,8 +49,7 @@ class Appends(EnginePart):
             check_name("dedup key", request.dedup_key)
         if not isinstance(request.entry, Message | BatchEntry):
             raise InvalidArgument("entry must be a Message or a BatchEntry")
-        if not request.queues:
-            raise InvalidArgument("an append needs at least one queue")
+        check_append_queues(request)
         if len(request.queues) > 1 and len(set(request.queues)) != len(request.queues):
             raise InvalidArgument("the same queue appears twice in one append")
         targets = []

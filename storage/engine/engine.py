@@ -28,6 +28,14 @@ from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from storage.api import (
+    DEFAULT_INVISIBLE_MS,
+    DEFAULT_POP_MAX_MESSAGES,
+    DEFAULT_READ_MAX_BYTES,
+    DEFAULT_READ_MAX_MESSAGES,
+    DEFAULT_TOPIC_CONFIG,
+    DEFAULT_WAIT_MS,
+)
 from storage.clock import Clock, SystemClock
 from storage.engine.appends import Appends
 from storage.engine.compaction import Compaction
@@ -155,7 +163,7 @@ class Engine:
     # ------------------------------------------------------------------ topics
 
     async def create_topic(
-        self, namespace: str, topic: str, config: TopicConfig = TopicConfig()
+        self, namespace: str, topic: str, config: TopicConfig = DEFAULT_TOPIC_CONFIG
     ) -> TopicInfo:
         return await self._topics.create_topic(namespace, topic, config)
 
@@ -206,9 +214,9 @@ class Engine:
         queue: QueueRef,
         offset: int,
         *,
-        max_messages: int = 32,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_messages: int = DEFAULT_READ_MAX_MESSAGES,
+        max_bytes: int = DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = DEFAULT_WAIT_MS,
     ) -> ReadResult:
         return await self._reads.read(queue, offset, max_messages, max_bytes, wait_ms)
 
@@ -217,8 +225,8 @@ class Engine:
         queue: QueueRef,
         offset: int,
         *,
-        max_bytes: int = 1 << 20,
-        wait_ms: int = 0,
+        max_bytes: int = DEFAULT_READ_MAX_BYTES,
+        wait_ms: int = DEFAULT_WAIT_MS,
     ) -> list[StoredBatch]:
         return await self._reads.read_batches(queue, offset, max_bytes, wait_ms)
 
@@ -261,9 +269,9 @@ class Engine:
         group: str,
         queues: Sequence[QueueRef],
         *,
-        max_messages: int = 1,
-        invisible_ms: int = 30_000,
-        wait_ms: int = 0,
+        max_messages: int = DEFAULT_POP_MAX_MESSAGES,
+        invisible_ms: int = DEFAULT_INVISIBLE_MS,
+        wait_ms: int = DEFAULT_WAIT_MS,
         tags: frozenset[str] | None = None,
         durable: bool = True,
     ) -> list[StoredMessage]:

@@ -14,6 +14,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
+from storage.api import check_invisible_ms, check_pop
 from storage.engine import records as rec
 from storage.engine.appends import Appends
 from storage.engine.core import EngineCore, EnginePart
@@ -137,13 +138,7 @@ class Pops(EnginePart):
         tags: frozenset[str] | None,
         durable: bool,
     ) -> list[StoredMessage]:
-        check_name("group", group)
-        if max_messages < 1:
-            raise InvalidArgument("max_messages must be at least 1")
-        if invisible_ms < 0:
-            raise InvalidArgument("invisible_ms must not be negative")
-        if not queues:
-            raise InvalidArgument("pop needs at least one queue")
+        check_pop(group, queues, max_messages, invisible_ms)
         core = self._core
         deadline = core.now() + max(0, wait_ms)
         while True:
@@ -365,8 +360,7 @@ class Pops(EnginePart):
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int
     ) -> StoredMessage:
-        if invisible_ms < 0:
-            raise InvalidArgument("invisible_ms must not be negative")
+        check_invisible_ms(invisible_ms)
         await self._core.writable()
         topic, qid, offset, _, state = self._inflight_for(namespace, group, receipt)
         new = Inflight(
