@@ -19,6 +19,7 @@ from storage.engine.config import EngineConfig
 from storage.engine.ids import MessageIds
 from storage.engine.state import EngineState, QueueKey, Topic, config_to_json
 from storage.errors import InvalidArgument, StorageClosed
+from storage.lifecycle import TaskSet
 from storage.model import QueueRef, TopicConfig
 
 __all__ = ["EngineCore", "EnginePart"]
@@ -27,7 +28,7 @@ __all__ = ["EngineCore", "EnginePart"]
 class EngineCore:
     """The shared state of one engine, and the steps every part takes to change it."""
 
-    def __init__(self, config: EngineConfig, clock: Clock) -> None:
+    def __init__(self, config: EngineConfig, clock: Clock, tasks: TaskSet) -> None:
         self.config = config
         self.clock = clock
         self.dir = Path(config.data_dir)
@@ -44,7 +45,7 @@ class EngineCore:
         self.gate.set()
         self.maintenance_lock = asyncio.Lock()
         self.checkpoint_position = 0
-        self.background: set[asyncio.Task[None]] = set()
+        self.tasks = tasks  # the engine's background work, cancelled at close
         self.started = False
         self.closed = False
 

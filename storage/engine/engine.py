@@ -21,11 +21,9 @@ maintenance.py), so each part can be read without the others.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any
 
 from storage.api import (
@@ -49,6 +47,7 @@ from storage.engine.reads import Reads
 from storage.engine.recovery import recover
 from storage.engine.topics import Topics
 from storage.engine.transactions import Transactions
+from storage.lifecycle import Service
 from storage.model import (
     DEFAULT_NAMESPACE,
     AppendRequest,
@@ -72,13 +71,14 @@ __all__ = ["Engine"]
 log = logging.getLogger(__name__)
 
 
-class Engine:
+class Engine(Service):
     """The embedded engine. Use as ``async with Engine(config) as engine:``."""
 
     def __init__(self, config: EngineConfig, *, clock: Clock | None = None) -> None:
+        super().__init__()
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self._core = core = EngineCore(config, self.clock)
+        self._core = core = EngineCore(config, self.clock, self.tasks)
         # The same objects as the core's, under the names tests look at.
         self._log = core.log
         self._state = core.state
@@ -93,21 +93,8 @@ class Engine:
         self._latest = LatestValues(core)
         self._metadata = Metadata(core)
         self._maintenance = Maintenance(core, self._reads.forget_decoded)
-        self._tasks: list[asyncio.Task[None]] = []
 
     # ------------------------------------------------------------------ lifecycle
-
-    async def __aenter__(self) -> Engine:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def start(self) -> None:
         core = self._core
@@ -125,22 +112,17 @@ class Engine:
         if DEFAULT_NAMESPACE not in self._state.namespaces:
             await self.create_namespace(DEFAULT_NAMESPACE)
         apply_topic_retention(core)
-        loop = asyncio.get_running_loop()
-        self._tasks = [
-            loop.create_task(self._appends.deliver_due_loop(), name="polymq-delayed-delivery"),
-            loop.create_task(self._maintenance.loop(), name="polymq-maintenance"),
-        ]
+        self.tasks.spawn(self._appends.deliver_due_loop(), name="polymq-delayed-delivery")
+        self.tasks.spawn(self._maintenance.loop(), name="polymq-maintenance")
 
     async def close(self) -> None:
         core = self._core
         if core.closed or not core.started:
             core.closed = True
+            await super().close()
             return
-        for task in (*self._tasks, *core.background):
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # The chores stop first: the last checkpoint is this one, not theirs.
+        await super().close()
         with contextlib.suppress(Exception):
             await self.checkpoint()
         core.closed = True

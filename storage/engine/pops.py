@@ -172,7 +172,7 @@ class Pops(EnginePart):
         hand-out records): nobody got them, so they are visible again at once, with
         their attempt as before, instead of staying invisible for ``invisible_ms``."""
         core = self._core
-        if not handed or core.closed:
+        if not handed or core.closed or core.tasks.closed:
             return
         if not core.gate.is_set():
             # A checkpoint holds writers (or storage closes): no record may be reserved
@@ -182,9 +182,7 @@ class Pops(EnginePart):
                     await core.writable()
                     self._give_back(namespace, group, handed)
 
-            task = asyncio.get_running_loop().create_task(later(), name="polymq-give-back")
-            core.background.add(task)
-            task.add_done_callback(core.background.discard)
+            core.tasks.spawn(later(), name="polymq-give-back")
             return
         now = core.now()
         woken: set[QueueIndex] = set()
