@@ -5,9 +5,16 @@ frame claiming 2^32 entries makes it ask for 34 GB, and the failed allocation ab
 the whole process (no Python exception to catch). This module walks the same kio
 schema in pure Python without building anything: every array count, string or bytes
 length and tagged-field size must fit in the bytes actually present (a count can never
-exceed the remaining bytes over its element's smallest encoding), null may appear only
-where the schema allows it, and every tagged field must be one the schema knows. A
-frame that passes holds nothing the native reader can over-allocate for.
+exceed the remaining bytes over its element's smallest encoding), and null may appear
+only where the schema allows it. A frame that passes holds nothing the native reader
+can over-allocate for.
+
+Tagged fields the schema does not know are skipped, as Apache Kafka skips them (KIP-482:
+that is what they are for, a newer client's additions). kio's reader would refuse them
+(``KeyError``), so the walk notes where each one is and :func:`check_request` hands back
+a copy of the frame without them, their section's count rewritten, and the size of any
+known tagged field holding them rewritten too. A frame without unknown tagged fields is
+handed back as it came, not copied.
 
 Each entity is compiled once into straight-line Python (runs of fixed-size fields
 become one addition), which keeps the walk at a few microseconds for the requests
@@ -25,8 +32,10 @@ from typing import Any, TypeGuard
 
 __all__ = ["Malformed", "check_request"]
 
-# (bytes, offset, end, [items left]) -> offset after the entity; raises Malformed.
-Checker = Callable[[bytes, int, int, list[int]], int]
+# (bytes, offset, end, [items left, edits]) -> offset after the entity; raises
+# Malformed. Edits are (start, end, replacement) of byte ranges of the frame.
+Checker = Callable[[bytes, int, int, list[Any]], int]
+Edit = tuple[int, int, bytes]
 
 _FIXED: dict[str, int] = {
     "int8": 1,
@@ -74,6 +83,15 @@ def _uvarint(b: bytes, o: int, n: int) -> tuple[int, int]:
     raise Malformed("varint longer than 5 bytes")
 
 
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
 def _i16(b: bytes, o: int, n: int) -> int:
     if o + 2 > n:
         raise Malformed("length runs past the end")
@@ -94,25 +112,52 @@ def _null(what: str) -> Malformed:
     return Malformed(f"null {what}, which the schema does not allow")
 
 
-def _tags(b: bytes, o: int, n: int, c: list[int], known: dict[int, Checker], where: str) -> int:
-    """Skip an entity's tagged fields, checking each known one inside its own size."""
+def _tags(b: bytes, o: int, n: int, c: list[Any], known: dict[int, Checker], where: str) -> int:
+    """Skip an entity's tagged fields, checking each known one inside its own size and
+    noting in ``c[1]`` the edits that remove the unknown ones."""
     if o < n and b[o] == 0:  # the usual case: no tagged fields
         return o + 1
+    section = o
     count, o = _uvarint(b, o, n)
+    section_end = o
     if count > (n - o) // 2:
         raise _short(f"{where}: tagged field count {count}")
+    edits: list[Edit] = c[1]
+    unknown = 0
     for _ in range(count):
+        start = o
         tag, o = _uvarint(b, o, n)
+        size_at = o
         size, o = _uvarint(b, o, n)
         end = o + size
         if end > n:
             raise _short(f"{where}: tagged field {tag} of {size} bytes")
         check = known.get(tag)
         if check is None:
-            raise Malformed(f"{where}: unknown tagged field {tag}")
-        check(b, o, end, c)
+            unknown += 1
+            edits.append((start, end, b""))
+        else:
+            mark = len(edits)
+            check(b, o, end, c)
+            if len(edits) > mark:  # unknown fields inside this one's value: resize it
+                change = sum(len(new) - (e - s) for s, e, new in edits[mark:])
+                edits.append((size_at, o, _varint_bytes(size + change)))
         o = end
+    if unknown:
+        edits.append((section, section_end, _varint_bytes(count - unknown)))
     return o
+
+
+def _apply(frame: bytes, edits: list[Edit]) -> bytes:
+    """``frame`` with each edit's range replaced (edits never overlap)."""
+    parts: list[bytes] = []
+    at = 0
+    for start, end, new in sorted(edits):
+        parts.append(frame[at:start])
+        parts.append(new)
+        at = end
+    parts.append(frame[at:])
+    return b"".join(parts)
 
 
 def _nullable(tp: Any) -> bool:
@@ -344,15 +389,18 @@ def _checkers(request_cls: type[Any], header_cls: type[Any]) -> tuple[Checker, C
 
 def check_request(
     frame: bytes, request_cls: type[Any], header_cls: type[Any], max_items: int | None = None
-) -> None:
+) -> bytes:
     """Raise :class:`Malformed` unless ``frame`` (a request without its size prefix)
     holds a header and a body of ``request_cls`` whose every declared size fits, with
     at most ``max_items`` array items in all (decoding time grows with them: a 32 MiB
-    frame holds millions of six-byte partitions).
+    frame holds millions of six-byte partitions). Returns the frame for kio's reader:
+    ``frame`` itself, or a copy without the tagged fields the schema does not know.
 
     Bytes after the body are allowed, as the decoder ignores them."""
     check_header, check_body = _checkers(request_cls, header_cls)
     n = len(frame)
-    items = [n if max_items is None else max_items]
-    offset = check_header(frame, 0, n, items)
-    check_body(frame, offset, n, items)
+    edits: list[Edit] = []
+    state: list[Any] = [n if max_items is None else max_items, edits]
+    offset = check_header(frame, 0, n, state)
+    check_body(frame, offset, n, state)
+    return _apply(frame, edits) if edits else frame

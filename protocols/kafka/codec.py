@@ -129,8 +129,9 @@ def decode_request(frame: bytes, max_items: int | None = None) -> Request:
     header_cls = request_cls.__header_schema__
     try:
         # Before the native reader, which would abort the process on a count that
-        # claims more items than the frame could hold (see protocols/kafka/bounds.py).
-        check_request(frame, request_cls, header_cls, max_items)
+        # claims more items than the frame could hold, and refuse tagged fields it does
+        # not know, which Kafka skips (see protocols/kafka/bounds.py).
+        frame = check_request(frame, request_cls, header_cls, max_items)
         header, offset = _reader(header_cls)(frame, 0)
         body, _ = _reader(request_cls)(frame, offset)
     except (KeyboardInterrupt, SystemExit):

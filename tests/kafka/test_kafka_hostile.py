@@ -30,7 +30,8 @@ from mns.account import Account
 from mns.queue import Message, QueueMeta
 
 from gateway.config import AccountConfig, AuthConfig
-from protocols.kafka.codec import BadRequest, decode_request
+from protocols.kafka.bounds import check_request
+from protocols.kafka.codec import BadRequest, decode_request, request_class
 from protocols.kafka.listener import KafkaListener
 from protocols.kafka.records import KafkaRecord, encode_batch
 from protocols.kafka.versions import SUPPORTED
@@ -207,12 +208,68 @@ def test_mutations_of_real_frames_never_abort() -> None:
     assert len(decoded.outcomes) == 2000
 
 
-def test_unknown_tagged_field_is_a_bad_request() -> None:
+# Unknown tagged fields (KIP-482: a newer client's additions), each as tag, size, value.
+UNKNOWN_TAGS = b"\x02" + b"\x05\x01\x00" + b"\xc8\x01\x02ab"  # tags 5 and 200
+UNKNOWN_TAG = b"\x01" + b"\x09\x00"  # tag 9, empty
+
+
+def _metadata_with_unknown_tags(topic: str) -> bytes:
+    """Metadata v12 for ``topic`` with unknown tagged fields in the request header, in
+    the topic (a struct inside an array) and at the top level of the body."""
+    frame = encode_request(3, 12, {"topics": [{"name": topic}], "allow_auto_topic_creation": True})
+    # Header: key, version, correlation id, client id "raw" (legacy string), tags.
+    assert frame[8:14] == b"\x00\x03raw\x00"
+    # Body: ... topic name, topic tags, allow creation, include operations, tags.
+    assert frame.endswith(b"\x00\x01\x00\x00")
+    return frame[:13] + UNKNOWN_TAG + frame[14:-4] + UNKNOWN_TAGS + b"\x01\x00" + UNKNOWN_TAGS
+
+
+def test_unknown_tagged_fields_are_skipped() -> None:
+    """Apache Kafka skips tagged fields it does not know; so do we, wherever they are."""
+    request = decode_request(_metadata_with_unknown_tags("t1"))
+    assert request.client_id == "raw"
+    assert [t.name for t in request.body.topics] == ["t1"]
+    assert request.body.allow_auto_topic_creation is True
     frame = bytearray(sample_request(18, 3))  # ApiVersions v3: ends with its tag count
     assert frame[-1] == 0
-    frame[-1:] = b"\x01\x05\x01\x00"  # one tagged field: tag 5, one byte
-    with pytest.raises(BadRequest, match="unknown tagged field 5"):
-        decode_request(bytes(frame))
+    frame[-1:] = UNKNOWN_TAGS
+    assert decode_request(bytes(frame)).body == decode_request(sample_request(18, 3)).body
+
+
+def test_unknown_tagged_field_beside_a_known_one_is_skipped() -> None:
+    """Fetch v12's cluster_id is tag 0: the one known field of the section is kept."""
+    frame = encode_request(1, 12, {"topics": [], "forgotten_topics_data": [], "rack_id": ""})
+    assert frame.endswith(b"\x01\x01\x01\x00")
+    tags = b"\x02" + b"\x00\x03\x03c1" + b"\x0b\x01\x00"  # cluster_id "c1", tag 11
+    assert decode_request(frame[:-1] + tags).body.cluster_id == "c1"
+
+
+# A schema in kio's shape (real types: this module's annotations are strings).
+_Inner = dataclasses.make_dataclass(
+    "_Inner",
+    [("value", int, dataclasses.field(metadata={"kafka_type": "int8"}))],
+    namespace={"__flexible__": True},
+    frozen=True,
+)
+_Outer = dataclasses.make_dataclass(
+    "_Outer",
+    [("inner", _Inner, dataclasses.field(metadata={"tag": 0}))],
+    namespace={"__flexible__": True},
+    frozen=True,
+)
+
+
+def test_unknown_tagged_field_inside_a_known_tagged_value_is_cut_out_and_resized() -> None:
+    """No request we serve has a struct as a known tagged field, but the walk handles
+    one: the unknown field inside it goes, and the known field's size shrinks."""
+    header_cls = request_class(18, 3).__header_schema__
+    header = encode_request(18, 3, {})[:14]
+    inner = b"\x07" + b"\x01" + b"\x63\x81\x01" + b"x" * 129  # int8, tag 99 of 129 bytes
+    assert len(inner) == 134  # its size takes two bytes (86 01), its rest's one
+    sent = header + b"\x01" + b"\x00\x86\x01" + inner
+    kept = header + b"\x01" + b"\x00\x02" + b"\x07\x00"
+    assert check_request(sent, _Outer, header_cls) == kept
+    assert check_request(kept, _Outer, header_cls) is kept  # nothing to cut: no copy
 
 
 def test_null_array_the_schema_forbids_is_a_bad_request() -> None:
@@ -666,6 +723,15 @@ def test_pipelined_request_behind_a_fetch_wait_is_answered(
         client.send_bytes(metadata[1:])
         assert client.response(1, 4).responses[0].partitions[0].error_code is ErrorCode.none
         assert client.response(3, 4).topics[0].name == topic
+
+
+def test_request_with_unknown_tagged_fields_is_answered(everyone: LiveServer, topic: str) -> None:
+    with RawKafka(*everyone.address("kafka")) as client:
+        client.send_bytes(_sized(_metadata_with_unknown_tags(topic)))
+        answer = client.response(3, 12)
+        assert [(t.name, t.error_code) for t in answer.topics] == [(topic, ErrorCode.none)]
+        # The connection goes on.
+        assert client.request(18, 3, {}).error_code is ErrorCode.none
 
 
 if __name__ == "__main__":
