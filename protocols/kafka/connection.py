@@ -40,7 +40,7 @@ from protocols.kafka.codec import (
 from protocols.kafka.departure import WAITS, unless_peer_leaves
 from protocols.kafka.handlers import HANDLERS
 from protocols.kafka.handlers.topics import api_versions_body
-from protocols.kafka.session import Broker, Session, anonymous_caller, caller_for
+from protocols.kafka.session import KafkaServices, Session, anonymous_caller, caller_for
 
 __all__ = ["serve_connection"]
 
@@ -68,12 +68,12 @@ class _Refused(Exception):
 
 
 async def serve_connection(
-    broker: Broker, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    services: KafkaServices, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
     connection_id = current_connection_id()
-    open_mode = broker.accounts.open
+    open_mode = services.accounts.open
     session = Session(
-        broker=broker,
+        services=services,
         connection_id=connection_id,
         advertised=_advertised(writer),
         state=AuthState.AUTHENTICATED if open_mode else AuthState.START,
@@ -95,7 +95,7 @@ async def serve_connection(
             log.info("kafka: closing %s: %s", session.peer or "a connection", e)
             return
         asked = loop.time()
-        async with broker.frame_budget.reserve(size):
+        async with services.frame_budget.reserve(size):
             # Time spent waiting for the budget is ours, not the peer's.
             deadline += loop.time() - asked
             try:
@@ -104,7 +104,7 @@ async def serve_connection(
             except asyncio.IncompleteReadError:
                 return
             except TimeoutError:
-                log.info("kafka: closing %s: %s", session.peer, _slow(broker))
+                log.info("kafka: closing %s: %s", session.peer, _slow(services))
                 return
             frame = prefix + rest
             del rest
@@ -137,8 +137,8 @@ async def serve_connection(
             return
 
 
-def _slow(broker: Broker) -> str:
-    return f"frame not complete within {broker.limits.frame_timeout_ms} ms"
+def _slow(services: KafkaServices) -> str:
+    return f"frame not complete within {services.limits.frame_timeout_ms} ms"
 
 
 async def _read_head(
@@ -151,15 +151,15 @@ async def _read_head(
     Only these 12 bytes are read before the checks that depend on the connection's
     state, so an unauthenticated peer can make us hold no more than
     ``max_unauthenticated_frame_bytes``, and never makes us decode anything."""
-    broker = session.broker
-    limits = broker.limits
+    services = session.services
+    limits = services.limits
     first = carried
     if not first:
         try:
-            async with asyncio.timeout(broker.idle_timeout_s):
+            async with asyncio.timeout(services.idle_timeout_s):
                 first = await reader.readexactly(1)
         except TimeoutError:
-            raise _Refused(f"no request for {broker.idle_timeout_s:.0f} s") from None
+            raise _Refused(f"no request for {services.idle_timeout_s:.0f} s") from None
     deadline = asyncio.get_running_loop().time() + limits.frame_timeout_ms / 1000
     authenticated = session.state is AuthState.AUTHENTICATED
     try:
@@ -171,7 +171,7 @@ async def _read_head(
                 raise _Refused(f"frame of {size} bytes before authentication")
             prefix = await reader.readexactly(_PREFIX_SIZE)
     except TimeoutError:
-        raise _Refused(_slow(broker)) from None
+        raise _Refused(_slow(services)) from None
     allowed = ALLOWED[session.state]
     api_key = int.from_bytes(prefix[:2], "big", signed=True)
     if allowed is not None and api_key not in allowed:
@@ -196,7 +196,7 @@ def _trace(session: Session, frame: bytes, started: float, response: bytes | Non
 
 async def _answer(session: Session, frame: bytes) -> bytes | None:
     try:
-        request = decode_request(frame, session.broker.max_request_items)
+        request = decode_request(frame, session.services.max_request_items)
     except UnsupportedVersion as e:
         return _unsupported(session, e)
     except BadRequest as e:

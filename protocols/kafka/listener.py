@@ -1,4 +1,4 @@
-"""The Kafka listener: a TCP server whose connections share one broker state."""
+"""The Kafka listener: a TCP server whose connections share one :class:`KafkaServices`."""
 
 from __future__ import annotations
 
@@ -6,20 +6,20 @@ import asyncio
 
 from gateway.listeners import Listener, ListenerContext, TcpListener
 from protocols.kafka.connection import serve_connection
-from protocols.kafka.session import Broker
+from protocols.kafka.session import KafkaServices
 
 __all__ = ["KafkaListener", "kafka_listener"]
 
 
 class KafkaListener(TcpListener):
-    """A :class:`TcpListener` plus the broker state its connections share, which
+    """A :class:`TcpListener` plus the services its connections share, which
     stops with it (the group coordinator's timers)."""
 
     def __init__(self, context: ListenerContext) -> None:
-        self.broker = Broker(context)
+        self.services = KafkaServices(context)
 
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            await serve_connection(self.broker, reader, writer)
+            await serve_connection(self.services, reader, writer)
 
         super().__init__(
             name=context.name,
@@ -34,7 +34,7 @@ class KafkaListener(TcpListener):
 
     async def stop(self) -> None:
         await super().stop()
-        await self.broker.close()
+        await self.services.close()
 
 
 def kafka_listener(context: ListenerContext) -> Listener:

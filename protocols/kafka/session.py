@@ -1,4 +1,4 @@
-"""What handlers see: the broker-wide state shared by every Kafka connection, and the
+"""What handlers see: the listener's services shared by every Kafka connection, and the
 one connection's session (who it is, where the client reached us)."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from protocols.kafka.share_groups import ShareGroups
 from protocols.kafka.transactions import TransactionState
 from storage.model import QueueRef
 
-__all__ = ["Broker", "Session"]
+__all__ = ["KafkaServices", "Session"]
 
 PROTOCOL = "kafka"
 # A request nests partitions in topics: room for max_batch_items partitions and as
@@ -33,7 +33,7 @@ PROTOCOL = "kafka"
 ITEMS_PER_BATCH_ITEM = 2
 
 
-class Broker:
+class KafkaServices:
     """Shared by the connections of one listener: the processor, the group coordinator
     and idempotent-producer state (both in this gateway's memory)."""
 
@@ -78,7 +78,7 @@ class Broker:
 
 @dataclass(kw_only=True)
 class Session:
-    broker: Broker
+    services: KafkaServices
     connection_id: int | None
     advertised: tuple[str, int]  # host and port this client reached us on
     state: AuthState
@@ -94,13 +94,13 @@ class Session:
 
     @property
     def processor(self) -> Processor:
-        return self.broker.processor
+        return self.services.processor
 
     @property
     def cluster(self) -> ClusterView:
         """The gateways as Kafka brokers, for this client (read per request: the
         directory is a cache that changes as gateways come and go)."""
-        return cluster_view(self.broker.directory, self.advertised)
+        return cluster_view(self.services.directory, self.advertised)
 
     def owns(self, key: str) -> bool:
         """Whether this gateway coordinates ``key`` (a group or transactional id)."""
@@ -114,8 +114,8 @@ class Session:
         self.caller = caller_for(principal, self.connection_id, self.client_id)
         self.state = AuthState.AUTHENTICATED
         self.sasl = None
-        if self.connection_id is not None and self.broker.connections.get(self.connection_id):
-            self.broker.connections.identify(
+        if self.connection_id is not None and self.services.connections.get(self.connection_id):
+            self.services.connections.identify(
                 self.connection_id,
                 principal=principal,
                 namespace=principal.default_namespace,

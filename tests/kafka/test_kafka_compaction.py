@@ -119,7 +119,7 @@ def test_a_compacted_partition_keeps_each_keys_latest_record(
         pytest.skip("this form's storage has no compact yet (ClusterStorage: asked for)")
     listener = server.gateway.listeners.get("kafka")
     assert isinstance(listener, KafkaListener)
-    listener.broker.compactor.interval_s = 0.2
+    listener.services.compactor.interval_s = 0.2
     plain = f"{topic}-plain"
     admin = AdminClient({"bootstrap.servers": bootstrap})
     compacted = NewTopic(topic, 1, config={"cleanup.policy": "compact", "delete.retention.ms": "0"})
@@ -170,7 +170,7 @@ def test_compaction_outlives_a_restart(tmp_path: Path) -> None:
             pytest.skip("this form's storage has no compact yet")
         listener = live.gateway.listeners.get("kafka")
         assert isinstance(listener, KafkaListener)
-        listener.broker.compactor.interval_s = 0.1
+        listener.services.compactor.interval_s = 0.1
         bootstrap = "{}:{}".format(*live.address("kafka"))
         admin = AdminClient({"bootstrap.servers": bootstrap})
         config = {"cleanup.policy": "compact"}

@@ -444,7 +444,7 @@ def test_static_member_returns_without_a_rebalance(
     group = f"g-{topic}"
     listener = server.gateway.listeners.get("kafka")
     assert isinstance(listener, KafkaListener)
-    coordinator = listener.broker.coordinator
+    coordinator = listener.services.coordinator
 
     def state() -> tuple[int, str]:
         described = coordinator.describe("default", group)

@@ -473,13 +473,13 @@ def test_slow_frame_is_closed_after_the_frame_timeout(strict: LiveServer) -> Non
 def test_idle_connection_is_closed(strict: LiveServer) -> None:
     listener = strict.gateway.listeners.get("kafka")
     assert isinstance(listener, KafkaListener)
-    listener.broker.idle_timeout_s = DEADLINE_MS / 1000
+    listener.services.idle_timeout_s = DEADLINE_MS / 1000
     try:
         with RawKafka(*strict.address("kafka")) as client:
             assert client.request(18, 3, {}).error_code is ErrorCode.none
             assert _closed(client.sock)
     finally:
-        listener.broker.idle_timeout_s = 600.0
+        listener.services.idle_timeout_s = 600.0
 
 
 def _batch() -> bytes:

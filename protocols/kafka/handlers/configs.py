@@ -112,14 +112,14 @@ async def save_kept_configs(session: Session, topic: str, values: dict[str, str 
     extra = await _extra(session, topic)
     extra.update(kept)
     await session.processor.meta_put(session.caller, _META_KIND, topic, extra)
-    session.broker.compactor.policies.pop((session.namespace, topic), None)
+    session.services.compactor.policies.pop((session.namespace, topic), None)
 
 
 async def compaction_of(session: Session, topic: str) -> int | None:
     """``delete.retention.ms`` of a compacted topic, None if it is not compacted
     (cached per topic: produce asks this for every batch)."""
     key = (session.namespace, topic)
-    policies = session.broker.compactor.policies
+    policies = session.services.compactor.policies
     if key not in policies:
         extra = await _extra(session, topic)
         retention = extra.get("delete.retention.ms")

@@ -24,7 +24,7 @@ async def consumer_group_heartbeat(session: Session, request: Any, version: int)
             "member_id": request.member_id,
             "member_epoch": request.member_epoch,
         }
-    groups = session.broker.consumer_groups
+    groups = session.services.consumer_groups
     namespace = session.namespace
     names = request.subscribed_topic_names
     subscribed = tuple(names) if names is not None else None
@@ -71,7 +71,7 @@ async def consumer_group_heartbeat(session: Session, request: Any, version: int)
 
 
 async def consumer_group_describe(session: Session, request: Any, version: int) -> dict[str, Any]:
-    groups = session.broker.consumer_groups
+    groups = session.services.consumer_groups
     described = []
     for group_id in request.group_ids:
         if not session.owns(group_id):

@@ -130,7 +130,7 @@ def to_wire(batches: list[StoredBatch]) -> bytes:
 
 
 async def _read(session: Session, part: _Partition, wait_ms: int) -> None:
-    transactions = session.broker.transactions
+    transactions = session.services.transactions
     try:
         part.offsets = await session.processor.queue_offsets(session.caller, part.queue)
         part.last_stable = transactions.last_stable(part.queue, part.offsets.latest)
@@ -184,7 +184,7 @@ async def _wait_for_any(session: Session, parts: list[_Partition], wait_ms: int)
 
 
 async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
-    limit = session.broker.limits.max_batch_items
+    limit = session.services.limits.max_batch_items
     if sum(len(topic.partitions) for topic in request.topics) > limit:
         log.info("kafka: refused a fetch of more than %d partitions from %s", limit, session.peer)
         return _refused(request)

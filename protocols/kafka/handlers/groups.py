@@ -75,7 +75,7 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
     if not _MIN_SESSION_MS <= session_ms <= _MAX_SESSION_MS:
         return {"throttle_time": 0, "error_code": ErrorCode.invalid_session_timeout}
     rebalance = getattr(request, "rebalance_timeout", None)
-    result = await session.broker.coordinator.join(
+    result = await session.services.coordinator.join(
         session.namespace,
         request.group_id,
         member_id=request.member_id,
@@ -109,7 +109,7 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
 async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
-    result = await session.broker.coordinator.sync(
+    result = await session.services.coordinator.sync(
         session.namespace,
         request.group_id,
         member_id=request.member_id,
@@ -128,14 +128,14 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
 async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
-    error = session.broker.coordinator.heartbeat(
+    error = session.services.coordinator.heartbeat(
         session.namespace, request.group_id, request.member_id, request.generation_id
     )
     return {"throttle_time": 0, "error_code": error}
 
 
 async def leave_group(session: Session, request: Any, version: int) -> dict[str, Any]:
-    coordinator = session.broker.coordinator
+    coordinator = session.services.coordinator
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "members": []}
     if version < 3:
@@ -155,12 +155,12 @@ async def leave_group(session: Session, request: Any, version: int) -> dict[str,
 async def offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         check = _NOT_COORDINATOR
-    elif session.broker.consumer_groups.is_consumer_group(session.namespace, request.group_id):
-        check = session.broker.consumer_groups.check_commit(
+    elif session.services.consumer_groups.is_consumer_group(session.namespace, request.group_id):
+        check = session.services.consumer_groups.check_commit(
             session.namespace, request.group_id, request.member_id
         )
     else:
-        check = session.broker.coordinator.check_commit(
+        check = session.services.coordinator.check_commit(
             session.namespace,
             request.group_id,
             request.member_id,
@@ -251,7 +251,7 @@ async def _group_offsets(session: Session, group: str, requested: Any) -> list[d
 async def offset_delete(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "topics": []}
-    coordinator = session.broker.coordinator
+    coordinator = session.services.coordinator
     described = coordinator.describe(session.namespace, request.group_id)
     busy = described is not None and described[0] is not GroupState.EMPTY
     topics = []
@@ -273,7 +273,7 @@ async def offset_delete(session: Session, request: Any, version: int) -> dict[st
 
 
 async def describe_groups(session: Session, request: Any, version: int) -> dict[str, Any]:
-    coordinator = session.broker.coordinator
+    coordinator = session.services.coordinator
     groups = []
     for group_id in request.groups:
         if not session.owns(group_id):
@@ -324,16 +324,16 @@ async def list_groups(session: Session, request: Any, version: int) -> dict[str,
     """Classic groups (live, or known from committed offsets), KIP-848 consumer groups
     and share groups, with their type (v5): those this gateway coordinates, since admin
     clients ask every broker and add the answers up."""
-    broker = session.broker
+    services = session.services
     listed: dict[str, tuple[str, str, str]] = {  # id -> protocol type, state, group type
         name: ("consumer", GroupState.EMPTY.value, "classic")
         for name in await session.processor.list_groups(session.caller)
     }
-    for name, (state, protocol_type) in broker.coordinator.groups(session.namespace).items():
+    for name, (state, protocol_type) in services.coordinator.groups(session.namespace).items():
         listed[name] = (protocol_type or "consumer", state.value, "classic")
-    for name, count in broker.consumer_groups.groups(session.namespace).items():
+    for name, count in services.consumer_groups.groups(session.namespace).items():
         listed[name] = ("consumer", "Stable" if count else "Empty", "consumer")
-    for name, count in broker.share_groups.groups(session.namespace).items():
+    for name, count in services.share_groups.groups(session.namespace).items():
         listed[name] = ("share", "Stable" if count else "Empty", "share")
     states = set(getattr(request, "states_filter", ()) or ())
     types = {t.lower() for t in getattr(request, "types_filter", ()) or ()}
@@ -353,10 +353,10 @@ async def delete_groups(session: Session, request: Any, version: int) -> dict[st
         if not session.owns(group_id):
             results.append({"group_id": group_id, "error_code": _NOT_COORDINATOR})
             continue
-        known = group_id in stored or session.broker.coordinator.describe(
+        known = group_id in stored or session.services.coordinator.describe(
             session.namespace, group_id
         )
-        code = session.broker.coordinator.forget(session.namespace, group_id)
+        code = session.services.coordinator.forget(session.namespace, group_id)
         if not known:
             code = ErrorCode.group_id_not_found
         elif code is ErrorCode.none:

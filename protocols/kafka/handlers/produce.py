@@ -78,14 +78,14 @@ def _dedup_key(queue: QueueRef, header: BatchHeader) -> str | None:
 async def produce(session: Session, request: Any, version: int) -> dict[str, Any] | None:
     if request.acks not in (-1, 0, 1):
         return _all_failed(request, ErrorCode.invalid_required_acks)
-    limit = session.broker.limits.max_batch_items
+    limit = session.services.limits.max_batch_items
     if sum(len(t.partition_data) for t in request.topic_data) > limit:
         log.info("kafka: refused a produce of more than %d partitions from %s", limit, session.peer)
         if request.acks == 0:
             return None
         message = f"more than {limit} partitions in one request"
         return _all_failed(request, ErrorCode.invalid_request, message)
-    producers = session.broker.producers
+    producers = session.services.producers
     pending: list[_Pending] = []
     # In slices: checking a partition's batches (CRC over its bytes) is pure CPU, and
     # a request of thousands of partitions must not hold every other connection.
@@ -153,7 +153,7 @@ async def _poke_compactor(session: Session, pending: list[_Pending]) -> None:
         if part.error is ErrorCode.none and part.batches:
             retention = await compaction_of(session, part.topic)
             if retention is not None:
-                session.broker.compactor.poke(session.caller, part.queue, retention)
+                session.services.compactor.poke(session.caller, part.queue, retention)
 
 
 async def _append(session: Session, requests: list[AppendRequest], owners: list[_Pending]) -> None:
@@ -177,7 +177,7 @@ async def _append(session: Session, requests: list[AppendRequest], owners: list[
             part.base_offset = result.placements[0].offset
         header = part.batches[0][0]
         if header.transactional and not result.duplicate:
-            session.broker.transactions.produced(
+            session.services.transactions.produced(
                 part.queue, header.producer_id, result.placements[0].offset
             )
 
@@ -219,12 +219,12 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
             "producer_epoch": -1,
         }
     if transactional_id:
-        previous = session.broker.transactions.get(session.namespace, transactional_id)
+        previous = session.services.transactions.get(session.namespace, transactional_id)
         if previous is not None:
             await end_transaction(session, previous, commit=False)
-    producer_id, epoch = session.broker.producers.init_producer(transactional_id)
+    producer_id, epoch = session.services.producers.init_producer(transactional_id)
     if transactional_id:
-        session.broker.transactions.begin(session.namespace, transactional_id, producer_id, epoch)
+        session.services.transactions.begin(session.namespace, transactional_id, producer_id, epoch)
     return {
         "throttle_time": 0,
         "error_code": ErrorCode.none,

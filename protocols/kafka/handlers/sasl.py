@@ -16,8 +16,8 @@ __all__ = ["sasl_authenticate", "sasl_handshake"]
 
 
 async def sasl_handshake(session: Session, request: Any, version: int) -> dict[str, Any]:
-    broker = session.broker
-    exchange = start_exchange(request.mechanism, broker.accounts, broker.passwords)
+    services = session.services
+    exchange = start_exchange(request.mechanism, services.accounts, services.passwords)
     if exchange is None or session.state is not AuthState.START:
         code = (
             ErrorCode.unsupported_sasl_mechanism

@@ -28,7 +28,7 @@ _DEFAULT_MAX_RECORDS = 500
 
 
 async def share_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
-    groups = session.broker.share_groups
+    groups = session.services.share_groups
     namespace, group = session.namespace, request.group_id
     member_id = request.member_id or str(uuid.uuid4())
     if not session.owns(group):
@@ -67,7 +67,7 @@ async def share_group_describe(session: Session, request: Any, version: int) -> 
     subscribe to: every member shares every partition)."""
     described = []
     for group_id in request.group_ids:
-        found = session.broker.share_groups.describe(session.namespace, group_id)
+        found = session.services.share_groups.describe(session.namespace, group_id)
         if not session.owns(group_id):  # only the coordinator knows the members
             described.append({"error_code": ErrorCode.not_coordinator, "group_id": group_id})
             continue
@@ -132,7 +132,7 @@ async def _acknowledge(
     session: Session, group: str, member_id: str, queue: QueueRef, batches: Any
 ) -> ErrorCode:
     """Apply one partition's acknowledgement batches; the first error, if any."""
-    shares = session.broker.share_groups
+    shares = session.services.share_groups
     accepted: list[str] = []
     error = ErrorCode.none
     for batch in batches:
@@ -184,7 +184,7 @@ def _empty_result(index: int) -> dict[str, Any]:
 
 async def share_fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
     group, member_id = request.group_id or "", request.member_id or ""
-    shares = session.broker.share_groups
+    shares = session.services.share_groups
     namespace = session.namespace
     # Members are known to the group's coordinator only; clients fetch from each
     # partition's leader, so another gateway serves the member's share session as is
@@ -260,7 +260,7 @@ async def _acquire(
     for message in popped:
         assert message.receipt is not None
         record = (message.queue, message.offset)
-        session.broker.share_groups.acquired(
+        session.services.share_groups.acquired(
             session.namespace, group, member_id, record, message.receipt
         )
         by_queue[message.queue].append(message)
@@ -295,7 +295,7 @@ def _ranges(messages: list[StoredMessage]) -> list[dict[str, Any]]:
 
 async def share_acknowledge(session: Session, request: Any, version: int) -> dict[str, Any]:
     group, member_id = request.group_id or "", request.member_id or ""
-    shares = session.broker.share_groups
+    shares = session.services.share_groups
     by_topic: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for tid, name, p in await _partitions(session, request.topics):
         code = ErrorCode.unknown_topic_id

@@ -98,9 +98,9 @@ def topic_id(info: TopicInfo) -> uuid.UUID:
 
 
 async def topic_names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
-    """The names of topics asked for by id (KIP-516), from a per-broker cache filled
+    """The names of topics asked for by id (KIP-516), from the listener's cache filled
     from the topic list when an id is new to it."""
-    cache: dict[uuid.UUID, str] = session.broker.topic_names
+    cache: dict[uuid.UUID, str] = session.services.topic_names
     if not ids <= cache.keys():
         for info in await session.processor.list_topics(session.caller):
             cache[topic_id(info)] = info.name
@@ -120,7 +120,7 @@ async def topic_partitions(
             continue  # a topic that is not there (or not ours) has no partitions
         partitions[name] = info.config.queue_count
         ids[name] = topic_id(info)
-        session.broker.topic_names[ids[name]] = name
+        session.services.topic_names[ids[name]] = name
     return partitions, ids
 
 
@@ -146,7 +146,7 @@ async def _describe_or_create(
     except (StorageError, AuthError) as e:
         return {"error_code": error_code(e), "name": name}
     try:
-        config = TopicConfig(queue_count=session.broker.config.default_partitions)
+        config = TopicConfig(queue_count=session.services.config.default_partitions)
         info = await session.processor.create_topic(session.caller, name, config)
     except (StorageError, AuthError) as e:
         if error_code(e) is ErrorCode.topic_already_exists:
@@ -166,7 +166,7 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
         infos = await session.processor.list_topics(session.caller)
         topics = [_topic(cluster, info) for info in infos if is_kafka_name(info.name)]
     else:
-        create = session.broker.config.auto_create_topics and getattr(
+        create = session.services.config.auto_create_topics and getattr(
             request, "allow_auto_topic_creation", True
         )
         topics = []
@@ -210,7 +210,7 @@ async def create_topics(session: Session, request: Any, version: int) -> dict[st
     for topic in request.topics:
         partitions = topic.num_partitions
         if partitions == -1:
-            partitions = session.broker.config.default_partitions
+            partitions = session.services.config.default_partitions
         result: dict[str, Any] = {"name": topic.name, "error_code": ErrorCode.none}
         try:
             if partitions < 1:
@@ -227,7 +227,7 @@ async def create_topics(session: Session, request: Any, version: int) -> dict[st
                 await _check_absent(session, topic.name)
             else:
                 await session.processor.create_topic(session.caller, topic.name, config)
-                session.broker.compactor.policies.pop((session.namespace, topic.name), None)
+                session.services.compactor.policies.pop((session.namespace, topic.name), None)
                 await save_kept_configs(
                     session, topic.name, {c.name: c.value for c in topic.configs}
                 )

@@ -38,7 +38,7 @@ def _transaction(
 ) -> tuple[Transaction | None, ErrorCode]:
     if not session.owns(transactional_id):
         return None, ErrorCode.not_coordinator
-    txn = session.broker.transactions.get(session.namespace, transactional_id)
+    txn = session.services.transactions.get(session.namespace, transactional_id)
     if txn is None or txn.producer_id != producer_id:
         return None, ErrorCode.invalid_producer_id_mapping
     if txn.epoch != epoch:
@@ -161,7 +161,7 @@ async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any
 
 async def end_transaction(session: Session, txn: Transaction, *, commit: bool) -> None:
     """Write the markers, settle the bookkeeping, commit the offsets sent with it."""
-    state = session.broker.transactions
+    state = session.services.transactions
     queues = sorted(txn.partitions, key=str)
     if queues:
         marker = encode_control_batch(
