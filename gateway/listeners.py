@@ -10,8 +10,7 @@ import logging
 import socket
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
-from typing import TYPE_CHECKING, Protocol, Self
+from typing import TYPE_CHECKING, Protocol
 
 from gateway.accounts import Accounts
 from gateway.config import GatewayConfig
@@ -20,6 +19,7 @@ from gateway.directory import GatewayDirectory
 from gateway.fairness import FrameBudget
 from gateway.metering import Metering
 from storage.clock import Clock
+from storage.lifecycle import Service
 
 if TYPE_CHECKING:
     from gateway.processor import Processor
@@ -80,12 +80,13 @@ class ListenerContext:
 ListenerFactory = Callable[[ListenerContext], Listener]
 
 
-class ListenerSet:
+class ListenerSet(Service):
     """Listeners started in the given order and stopped in reverse, as one unit: if
     one fails to start, those already started are stopped again before the error
     propagates, so no half-started server keeps ports bound."""
 
     def __init__(self, listeners: Sequence[Listener] = ()) -> None:
+        super().__init__()
         names = [listener.name for listener in listeners]
         if len(set(names)) != len(names):
             raise ValueError(f"listener names repeat: {names}")
@@ -120,17 +121,9 @@ class ListenerSet:
             except Exception:
                 log.exception("listener %s failed to stop cleanly", listener.name)
 
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    async def close(self) -> None:
         await self.stop()
+        await super().close()
 
 
 class TcpListener:

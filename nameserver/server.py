@@ -8,15 +8,12 @@ other, each told everything by every node (RocketMQ's NameServer).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-from types import TracebackType
-from typing import Self
 
 from nameserver.registry import Registry
 from storage.clock import Clock, SystemClock
 from storage.errors import InvalidArgument
+from storage.lifecycle import Service
 from storage.names import check_name
 from storage.routes import NodeHeartbeat, RouteTable
 from storage.rpc import Handler, RpcServer
@@ -72,7 +69,7 @@ class NameserverService:
             self.registry.expire(self._clock.now_ms())
 
 
-class Nameserver:
+class Nameserver(Service):
     """A nameserver's lifecycle: the RPC server and the expiry sweep, started and
     stopped together (``async with``). ``port`` 0 picks a free port (see
     :attr:`address`). ``warmup_ms``: see :class:`Registry`."""
@@ -86,6 +83,7 @@ class Nameserver:
         warmup_ms: int = 0,
         clock: Clock | None = None,
     ) -> None:
+        super().__init__()
         self._clock: Clock = clock or SystemClock()
         self.registry = Registry(
             node_expiry_ms=node_expiry_ms,
@@ -96,7 +94,6 @@ class Nameserver:
         self._server = RpcServer(self.service.handlers(), host, port)
         # A node is declared dead at most a quarter of the expiry late.
         self._sweep_ms = max(10, min(1000, node_expiry_ms // 4))
-        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def address(self) -> tuple[str, int]:
@@ -104,26 +101,8 @@ class Nameserver:
 
     async def start(self) -> None:
         await self._server.start()
-        self._sweeper = asyncio.create_task(
-            self.service.expire_forever(self._sweep_ms), name="nameserver expiry"
-        )
+        self.tasks.spawn(self.service.expire_forever(self._sweep_ms), name="nameserver expiry")
 
     async def close(self) -> None:
-        sweeper, self._sweeper = self._sweeper, None
-        if sweeper is not None:
-            sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await sweeper
+        await super().close()
         await self._server.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()

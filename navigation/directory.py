@@ -12,7 +12,6 @@ than a gateway that may be gone.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -21,13 +20,14 @@ from urllib.parse import quote
 import httpx
 
 from navigation.endpoints import GatewayEndpoint
+from storage.lifecycle import Service
 
 __all__ = ["NavigationDirectory"]
 
 log = logging.getLogger(__name__)
 
 
-class NavigationDirectory:
+class NavigationDirectory(Service):
     """Implements :class:`gateway.directory.RegisteredDirectory`.
 
     ``endpoints``: this gateway's listeners by protocol, asked at every heartbeat
@@ -44,6 +44,7 @@ class NavigationDirectory:
         load: Callable[[], float] = lambda: 0.0,
         heartbeat_ms: int = 1000,
     ) -> None:
+        super().__init__()
         self._url = url.rstrip("/")
         self._id = gateway_id
         self._zone = zone
@@ -56,7 +57,6 @@ class NavigationDirectory:
         self._reachable = False
         self._failing = False
         self._http: httpx.AsyncClient | None = None
-        self._task: asyncio.Task[None] | None = None
 
     @property
     def self_id(self) -> str:
@@ -85,20 +85,16 @@ class NavigationDirectory:
     async def start(self) -> None:
         """Register at once (so other gateways see this one within a round trip) and
         keep doing it in the background. Never fails for navigation being down."""
-        if self._task is not None:
+        if self._http is not None:
             return
         self._http = httpx.AsyncClient(base_url=self._url, timeout=self._timeout_s)
         await self._exchange()
-        self._task = asyncio.create_task(self._run(), name="navigation heartbeat")
+        self.tasks.spawn(self._run(), name="navigation heartbeat")
 
     async def close(self) -> None:
         """Stop heartbeating and deregister, so clients stop being sent here now
         rather than after the expiry."""
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await super().close()  # first: a beat after the deregistration would undo it
         http, self._http = self._http, None
         if http is None:
             return

@@ -12,14 +12,13 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
-from types import TracebackType
-from typing import Self
 
 import uvicorn
 
 from navigation.app import build_app
 from navigation.registry import GatewayRegistry
 from storage.clock import Clock, SystemClock
+from storage.lifecycle import Service
 
 __all__ = ["NavigationServer"]
 
@@ -34,7 +33,7 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-class NavigationServer:
+class NavigationServer(Service):
     """The navigation service's lifecycle (``async with``). ``port`` 0 picks a free
     port (see :attr:`address`)."""
 
@@ -46,6 +45,7 @@ class NavigationServer:
         gateway_expiry_ms: int = 10_000,
         clock: Clock | None = None,
     ) -> None:
+        super().__init__()
         self.host = host
         self.port = port
         self.registry = GatewayRegistry(gateway_expiry_ms=gateway_expiry_ms)
@@ -88,7 +88,7 @@ class NavigationServer:
             server_header=False,
         )
         server = _EmbeddedServer(config)
-        task = asyncio.create_task(server.serve(sockets=[sock]), name="uvicorn navigation")
+        task = self.tasks.spawn(server.serve(sockets=[sock]), name="uvicorn navigation")
         try:
             async with asyncio.timeout(_START_TIMEOUT_S):
                 while not server.started:
@@ -105,24 +105,13 @@ class NavigationServer:
         self._server, self._task = server, task
 
     async def close(self) -> None:
+        """uvicorn is asked to stop (its connections end gracefully), not cancelled."""
         server, task = self._server, self._task
         self._server = self._task = None
-        if server is None or task is None:
-            return
-        server.should_exit = True
         try:
-            await task
+            if server is not None and task is not None:
+                server.should_exit = True
+                await task
         finally:
             self._address = None
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+            await super().close()

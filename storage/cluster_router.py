@@ -25,6 +25,7 @@ from storage.errors import (
     StorageUnavailable,
     TopicNotFound,
 )
+from storage.lifecycle import TaskSet
 from storage.model import AppendRequest, QueueRef
 
 __all__ = ["NodeCall", "Router", "answers"]
@@ -55,9 +56,11 @@ class Router:
         self._refresh_s = refresh_ms / 1000
         self._start_timeout_s = start_timeout_s
         self._clock = clock
+        # Shared by the callers waiting on it (never a background task: its failure
+        # is theirs to see).
         self._fetching: asyncio.Task[None] | None = None
-        self._refresher: asyncio.Task[None] | None = None
-        self._background: set[asyncio.Task[None]] = set()
+        # The refresher and the closing of clients of nodes gone from the routes.
+        self._tasks = TaskSet("cluster router")
 
     # -- lifecycle -----------------------------------------------------------------
 
@@ -78,18 +81,19 @@ class Router:
                     f"no live storage node after {self._start_timeout_s:g} s: {reason}"
                 )
             await asyncio.sleep(min(0.1, self._refresh_s))
-        self._refresher = loop.create_task(self._refresh_loop(), name="polymq-cluster-routes")
+        self._tasks.spawn(self._refresh_loop(), name="polymq-cluster-routes")
 
     async def stop(self) -> None:
-        """Stop refreshing; node clients stay open (calls may still be sent)."""
-        tasks = [t for t in (self._refresher, self._fetching) if t is not None]
-        tasks += self._background
+        """Stop refreshing; node clients stay open (calls may still be sent, and the
+        refreshes they cause may still spawn: the task set closes with :meth:`close`)."""
+        tasks = [*(t for t in (self._fetching,) if t is not None), *self._tasks]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
     async def close(self) -> None:
-        """Close every node's client and the route source (if it has a ``close``)."""
+        """Close every node's client and the route source (if it has a ``close``),
+        then end what the calls since :meth:`stop` left running."""
         for node in self.cache.nodes.values():
             try:
                 await node.client.close()
@@ -99,6 +103,7 @@ class Router:
         if close_source is not None:
             with contextlib.suppress(Exception):
                 await close_source()
+        await self._tasks.close()
 
     # -- refreshing ------------------------------------------------------------------
 
@@ -147,9 +152,7 @@ class Router:
             with contextlib.suppress(Exception):
                 await coro
 
-        task = asyncio.get_running_loop().create_task(run())
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._tasks.spawn(run())
 
     # -- lookups ---------------------------------------------------------------------
 

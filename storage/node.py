@@ -26,6 +26,7 @@ from storage.api import StorageAPI
 from storage.engine import Engine
 from storage.engine.ids import load_node_id
 from storage.errors import NamespaceAlreadyExists
+from storage.lifecycle import Service
 from storage.names import check_name
 from storage.routes import NodeHeartbeat
 from storage.rpc import Handler, RpcServer
@@ -51,7 +52,7 @@ HOME_KIND = "_cluster"  # metadata kind marking, inside a namespace, that it liv
 _HOME_NAME = "home"
 
 
-class StorageNode:
+class StorageNode(Service):
     """Serves ``engine`` on ``host:port`` (port 0: any free port, see :attr:`address`)
     and heartbeats ``nameservers`` ("host:port" each). ``node_id`` defaults to the
     engine's own id, kept in its data directory, so it survives restarts.
@@ -68,6 +69,7 @@ class StorageNode:
         *,
         advertised_host: str | None = None,
     ) -> None:
+        super().__init__()
         self.engine = engine
         self._node_id = node_id
         self.nameservers = tuple(nameservers)
@@ -81,7 +83,6 @@ class StorageNode:
         # it: a gateway asking them right after the creation then finds its route.
         self._change_count = 0
         self._slots: list[_LatestSlot] = []
-        self._tasks: list[asyncio.Task[None]] = []
         self._load_sample = (0, 0)  # (ms, requests served) at the last load figure
         self._load = 0.0
 
@@ -145,31 +146,16 @@ class StorageNode:
             raise
         if self.nameservers:
             slots = self._slots = [_LatestSlot() for _ in self.nameservers]
-            loop = asyncio.get_running_loop()
-            self._tasks = [
-                loop.create_task(self._beat_loop(slots), name="polymq-node-heartbeat"),
-                *(
-                    loop.create_task(_send_loop(NameserverClient([address]), slot))
-                    for address, slot in zip(self.nameservers, slots, strict=True)
-                ),
-            ]
+            self.tasks.spawn(self._beat_loop(slots), name="polymq-node-heartbeat")
+            for address, slot in zip(self.nameservers, slots, strict=True):
+                self.tasks.spawn(_send_loop(NameserverClient([address]), slot))
 
     async def close(self) -> None:
         """Stop heartbeating and serving (requests in flight are cancelled, their
         connections dropped), then close the engine."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await super().close()  # first: the heartbeats, so none says a closing node is up
         await self._server.close()
         await self.engine.close()
-
-    async def __aenter__(self) -> StorageNode:
-        await self.start()
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
 
     # -- the node's own calls --------------------------------------------------------
 

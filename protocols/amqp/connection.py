@@ -40,6 +40,7 @@ from protocols.amqp.fields import FieldError, decode_table
 from protocols.amqp.flow import FlowControl
 from protocols.amqp.vhost import AmqpServices, VirtualHost
 from storage.errors import StorageError
+from storage.lifecycle import TaskSet
 
 __all__ = ["AmqpConnection"]
 
@@ -110,7 +111,6 @@ class AmqpConnection:
         self._handshake_deadline = 0.0  # loop time; set when the connection starts
         self._state = ConnectionState.AWAIT_START_OK
         self.channels: dict[int, Channel] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
         self._caller: Caller | None = None
         self._vhost: VirtualHost | None = None
         self._mechanism = "PLAIN"
@@ -119,6 +119,9 @@ class AmqpConnection:
         # Exclusive queues belong to this key: unique across gateways (it names this
         # gateway's instance) even without a registry id.
         self.key = f"{services.membership.instance}/{self._connection_id}:{id(self)}"
+        # Channel teardowns and give-backs, which the cleanup lets finish, and the
+        # heartbeats, which it cancels.
+        self._tasks = TaskSet(f"amqp connection {self.key}")
         self._closing = asyncio.Event()
         self._blocked_capable = False
 
@@ -150,9 +153,7 @@ class AmqpConnection:
             await self._writer.drain()
 
     def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(coro)
 
     # -- errors ----------------------------------------------------------------------
 
@@ -546,7 +547,7 @@ class AmqpConnection:
             self._channel_max = min(self._channel_max, method.channel_max) or self._channel_max
         self._heartbeat_s = method.heartbeat
         if self._heartbeat_s:
-            self._heartbeat_task = asyncio.create_task(self._send_heartbeats())
+            self._heartbeat_task = self._tasks.spawn(self._send_heartbeats())
 
     async def _open(self, method: commands.Connection.Open) -> None:
         caller = self.caller
@@ -604,9 +605,10 @@ class AmqpConnection:
             if self._vhost is not None and self._caller is not None:
                 await self._vhost.release_owner(self._caller, self.key)
             if self._tasks:
-                await asyncio.gather(*list(self._tasks), return_exceptions=True)
+                await asyncio.gather(*self._tasks, return_exceptions=True)
         except Exception:
             log.exception("amqp: cleanup of connection %s failed", self.key)
+        await self._tasks.close()
 
 
 def _credentials(mechanism: str, response: bytes) -> tuple[str | None, str | None]:

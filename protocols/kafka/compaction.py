@@ -30,6 +30,7 @@ from protocols.kafka.records import (
     iter_records,
     parse_header,
 )
+from storage.lifecycle import TaskSet
 from storage.model import BatchEntry, Message, QueueRef, StoredBatch
 
 __all__ = [
@@ -233,21 +234,17 @@ class Compactor:
         self.interval_s = interval_s
         self._last: dict[QueueRef, float] = {}
         self._scheduled: set[QueueRef] = set()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("kafka compactor")
         # (namespace, topic) -> delete.retention.ms, None if not compacted (a cache)
         self.policies: dict[tuple[str, str], int | None] = {}
 
     def poke(self, caller: Caller, queue: QueueRef, delete_retention_ms: int) -> None:
-        if queue in self._scheduled:
-            return
+        if queue in self._scheduled or self._tasks.closed:
+            return  # closed: a produce still finishing as the listener stops cleans nothing
         self._scheduled.add(queue)
         last = self._last.get(queue)
         delay = 0.0 if last is None else max(0.0, last + self.interval_s - time.monotonic())
-        task = asyncio.get_running_loop().create_task(
-            self._run(caller, queue, delete_retention_ms, delay)
-        )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self._run(caller, queue, delete_retention_ms, delay))
 
     async def _run(
         self, caller: Caller, queue: QueueRef, delete_retention_ms: int, delay: float
@@ -261,8 +258,4 @@ class Compactor:
             )
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._tasks.close()

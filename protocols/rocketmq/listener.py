@@ -27,8 +27,9 @@ from gateway.listeners import Listener, ListenerContext
 from protocols.rocketmq.activities.transaction import TransactionChecker
 from protocols.rocketmq.grpc_guard import ServingLoop, install_log_filters
 from protocols.rocketmq.options import RocketMQOptions
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.service import messaging_service
+from storage.lifecycle import TaskSet
 
 __all__ = ["RocketMQListener", "rocketmq_listener"]
 
@@ -51,7 +52,7 @@ class RocketMQListener:
         self._name = context.name
         self._host = context.host
         self._port = context.port
-        self.runtime = Runtime(
+        self.services = RocketMQServices(
             processor=context.processor,
             accounts=context.accounts,
             config=context.config,
@@ -59,9 +60,11 @@ class RocketMQListener:
             options=options or RocketMQOptions(),
             directory=context.directory,
         )
-        self._checker = TransactionChecker(self.runtime)
+        self._checker = TransactionChecker(self.services)
         self._server: grpc.aio.Server | None = None
-        self._supervisor: asyncio.Task[None] | None = None
+        # The supervisor, the transaction checks and the receipt renewals; one set per
+        # start, so a stopped listener can start again.
+        self._tasks: TaskSet | None = None
         self._address: tuple[str, int] | None = None
         self._restarts = 0
         self._failure: BaseException | None = None
@@ -105,7 +108,7 @@ class RocketMQListener:
 
     def _bind(self) -> grpc.aio.Server:
         server = grpc.aio.server(options=self._grpc_options())
-        server.add_generic_rpc_handlers((messaging_service(self.runtime),))
+        server.add_generic_rpc_handlers((messaging_service(self.services),))
         try:
             port = server.add_insecure_port(f"{_bracketed(self._host)}:{self._port}")
         except RuntimeError as e:
@@ -127,10 +130,11 @@ class RocketMQListener:
         self._port = _claim_port(self._name, self._host, self._port)
         serving = await self._serve(self._bind())
         self._address = (self._host, self._port)
-        self.runtime.address = self._address
-        self._supervisor = asyncio.create_task(self._supervise(serving), name=f"{self._name}-grpc")
-        self._checker.start()
-        self.runtime.renewer.start()
+        self.services.address = self._address
+        tasks = self._tasks = TaskSet(f"rocketmq listener {self._name}")
+        tasks.spawn(self._supervise(serving), name=f"{self._name}-grpc")
+        self._checker.start(tasks)
+        self.services.renewer.start(tasks)
 
     def _failed(self, error: BaseException) -> None:
         """grpc's serving loop just failed; its socket still listens for an instant.
@@ -199,15 +203,13 @@ class RocketMQListener:
     async def stop(self) -> None:
         if self._server is None:
             return
-        supervisor, self._supervisor = self._supervisor, None
-        if supervisor is not None:
-            supervisor.cancel()
-            await asyncio.gather(supervisor, return_exceptions=True)
+        tasks, self._tasks = self._tasks, None
+        if tasks is not None:
+            await tasks.close()
         server, self._server = self._server, None
         successor, self._successor = self._successor, None
-        await self._checker.stop()
-        await self.runtime.renewer.stop()
-        self.runtime.sessions.close_all()  # ends Telemetry streams, so stop is quick
+        self.services.renewer.clear()
+        self.services.sessions.close_all()  # ends Telemetry streams, so stop is quick
         if successor is not None:  # bound, not started: only a started server frees its port
             await successor.start()
             await successor.stop(None)

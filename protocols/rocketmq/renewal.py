@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from gateway.processor import Caller, Processor
 from storage.errors import StorageError
+from storage.lifecycle import TaskSet
 
 __all__ = ["ReceiptRenewer"]
 
@@ -40,7 +41,6 @@ class ReceiptRenewer:
         self._max_renew_ms = max_renew_ms
         # (client id, group, receipt the client holds) -> renewal state
         self._held: dict[tuple[str, str, str], _Held] = {}
-        self._task: asyncio.Task[None] | None = None
 
     def __len__(self) -> int:
         return len(self._held)
@@ -73,14 +73,13 @@ class ReceiptRenewer:
         for key in [k for k in self._held if k[0] == client_id]:
             del self._held[key]
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="rocketmq-receipt-renewal")
+    def start(self, tasks: TaskSet) -> None:
+        """Renew as one of the listener's ``tasks``: its stop ends the renewals with
+        the rest of its background work."""
+        tasks.spawn(self._run(), name="rocketmq-receipt-renewal")
 
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    def clear(self) -> None:
+        """Forget every receipt held (the listener stopped: nothing renews them)."""
         self._held.clear()
 
     async def _run(self) -> None:

@@ -5,6 +5,11 @@ A request's caller comes from its gRPC metadata: the access key's account (its
 signature checked against the secret), the namespace from the request's
 ``resource_namespace`` or ``x-mq-namespace`` (else the account's default), the client
 id from ``x-mq-client-id``.
+
+The class is ``RocketMQServices`` after the rule every protocol follows (one listener's
+shared state is ``<Protocol>Services``); the module keeps its name because
+``service.py`` beside it is the gRPC servicer, and a ``services.py`` would read as its
+plural.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from protocols.rocketmq.status import RpcFailure
 from storage.errors import TopicAlreadyExists, TopicNotFound
 from storage.model import MessageType, QueueRef, StoredMessage, TopicConfig, TopicInfo
 
-__all__ = ["PROTOCOL", "Runtime"]
+__all__ = ["PROTOCOL", "RocketMQServices"]
 
 PROTOCOL = "rocketmq"
 _TOPIC_CACHE_S = 2.0
@@ -40,7 +45,7 @@ _CALLER_CACHE_S = 1.0
 _CALLER_CACHE_SIZE = 4096
 
 
-class Runtime:
+class RocketMQServices:
     def __init__(
         self,
         *,

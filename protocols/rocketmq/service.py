@@ -19,7 +19,7 @@ from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import Code, service_pb2
 
 from protocols.rocketmq.activities import ack, offsets, receive, route, send, telemetry, transaction
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, status_for
 
 __all__ = ["SERVICE_NAME", "messaging_service"]
@@ -27,11 +27,11 @@ __all__ = ["SERVICE_NAME", "messaging_service"]
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 _METHODS = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name
 
-Unary = Callable[[Runtime, Any, Any], Awaitable[Any]]
-Streaming = Callable[[Runtime, Any, Any], AsyncIterator[Any]]
+Unary = Callable[[RocketMQServices, Any, Any], Awaitable[Any]]
+Streaming = Callable[[RocketMQServices, Any, Any], AsyncIterator[Any]]
 
 
-async def _unsupported(rt: Runtime, request: Any, context: Any) -> Any:
+async def _unsupported(rt: RocketMQServices, request: Any, context: Any) -> Any:
     raise RpcFailure(Code.UNSUPPORTED, "lite topics are not supported")
 
 
@@ -84,7 +84,7 @@ def _refused(name: str, context: Any, answer: Any) -> Any:
 
 
 def _unary(
-    rt: Runtime, name: str, activity: Unary, response: Any
+    rt: RocketMQServices, name: str, activity: Unary, response: Any
 ) -> Callable[[Any, Any], Awaitable[Any]]:
     async def handle(request: Any, context: Any) -> Any:
         if isinstance(request, Malformed):
@@ -100,7 +100,7 @@ def _unary(
 
 
 def _streaming(
-    rt: Runtime, name: str, activity: Streaming, response: Any
+    rt: RocketMQServices, name: str, activity: Streaming, response: Any
 ) -> Callable[[Any, Any], AsyncIterator[Any]]:
     async def handle(request: Any, context: Any) -> AsyncIterator[Any]:
         if isinstance(request, Malformed):
@@ -117,7 +117,7 @@ def _streaming(
     return handle
 
 
-def messaging_service(rt: Runtime) -> Any:
+def messaging_service(rt: RocketMQServices) -> Any:
     """The grpc handler serving every RPC of the service."""
     handlers: dict[str, Any] = {}
     for name, method in _METHODS.items():

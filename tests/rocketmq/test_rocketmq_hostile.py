@@ -69,10 +69,10 @@ def server(tmp_path: Path) -> Iterator[LiveServer]:
         yield live
 
 
-def _runtime(server: LiveServer) -> Any:
+def _services(server: LiveServer) -> Any:
     listener = server.gateway.listeners.get("rocketmq")
     assert isinstance(listener, RocketMQListener)
-    return listener.runtime
+    return listener.services
 
 
 def _batch(topic: str, count: int) -> Any:
@@ -120,9 +120,9 @@ def test_batch_over_the_limit_is_refused_whole(server: LiveServer) -> None:
 def test_allowed_batch_shares_the_loop_with_mqtt(server: LiveServer) -> None:
     """A PINGREQ sent once the big send is being stored is answered before the send
     hands its last message to storage: the send gives the loop back as it goes."""
-    runtime = _runtime(server)
-    watched = _WatchedProcessor(runtime.processor)
-    runtime.processor = watched
+    services = _services(server)
+    watched = _WatchedProcessor(services.processor)
+    services.processor = watched
     mqtt = RawClient(server.port("mqtt"), level=codec.LEVEL_311)
     mqtt.connect("pinger")
     topic = unique("t")

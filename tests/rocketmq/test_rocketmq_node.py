@@ -64,7 +64,7 @@ def test_node_producer_and_simple_consumer(server: LiveServer) -> None:
 def test_node_client_answers_diagnostics(server: LiveServer) -> None:
     listener = server.gateway.listeners.get("rocketmq")
     assert isinstance(listener, RocketMQListener)
-    sessions = listener.runtime.sessions
+    sessions = listener.services.sessions
     proc = subprocess.Popen(
         ["node", str(NODE_DIR / "rocketmq_idle_client.js"), endpoint(server), unique("t")],
         cwd=NODE_DIR.parent.parent,

@@ -169,5 +169,5 @@ def test_push_slow_listener_renewed_not_redelivered(short_invisible_server: Live
         p.send(message(topic, b"slow"))
         wait_until(lambda: pending(server, group, topic) == 0)
         # released on ack (just after storage took the ack: wait for it)
-        wait_until(lambda: len(listener.runtime.renewer) == 0)
+        wait_until(lambda: len(listener.services.renewer) == 0)
     assert recorder.deliveries == [(b"slow", 1, None)]

@@ -10,7 +10,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from gateway.fairness import SLICE, pause
 from gateway.processor import Caller
 from protocols.rocketmq.activities.receive import duration_ms
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import RpcFailure, ok, status
 
 __all__ = ["ack_message", "change_invisible_duration", "forward_to_dead_letter_queue"]
@@ -18,7 +18,9 @@ __all__ = ["ack_message", "change_invisible_duration", "forward_to_dead_letter_q
 _ERROR_CODES = {"invalid_receipt": Code.INVALID_RECEIPT_HANDLE}
 
 
-async def _ack_slice(rt: Runtime, caller: Caller, group: str, held: list[str]) -> list[Any]:
+async def _ack_slice(
+    rt: RocketMQServices, caller: Caller, group: str, held: list[str]
+) -> list[Any]:
     """Acks one slice with one durable write; the errors (``None``: acked), in order."""
     receipts = [rt.renewer.current(caller, group, r) for r in held]
     errors = await rt.processor.ack_many(caller, group, receipts)
@@ -37,7 +39,7 @@ async def _ack_slice(rt: Runtime, caller: Caller, group: str, held: list[str]) -
     return list(errors)
 
 
-async def ack_message(rt: Runtime, request: Any, context: Any) -> Any:
+async def ack_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """Acks the entries a slice at a time (one durable write each, the loop handed back
     between them); each entry gets its own status and the response MULTIPLE_RESULTS
     when they differ (Apache's rule)."""
@@ -81,7 +83,7 @@ async def ack_message(rt: Runtime, request: Any, context: Any) -> Any:
     return service_pb2.AckMessageResponse(status=overall, entries=results)
 
 
-async def change_invisible_duration(rt: Runtime, request: Any, context: Any) -> Any:
+async def change_invisible_duration(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """Also the negative acknowledgement: the message is visible again after the new
     duration (counted from now) and its next delivery is a new attempt."""
     caller = rt.caller(context, request.group.resource_namespace)
@@ -100,7 +102,7 @@ async def change_invisible_duration(rt: Runtime, request: Any, context: Any) -> 
     )
 
 
-async def forward_to_dead_letter_queue(rt: Runtime, request: Any, context: Any) -> Any:
+async def forward_to_dead_letter_queue(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
     if not request.receipt_handle:

@@ -15,21 +15,23 @@ from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from gateway.processor import Caller
 from protocols.rocketmq import mapping
 from protocols.rocketmq.activities.receive import duration_ms
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import RpcFailure, ok, status
 from storage.model import QueueRef, TopicInfo
 
 __all__ = ["get_offset", "pull_message", "query_offset", "update_offset"]
 
 
-async def _queue(rt: Runtime, caller: Caller, message_queue: Any) -> tuple[TopicInfo, QueueRef]:
+async def _queue(
+    rt: RocketMQServices, caller: Caller, message_queue: Any
+) -> tuple[TopicInfo, QueueRef]:
     info = await rt.topic(caller, message_queue.topic.name, create_as=None)
     if not 0 <= message_queue.id < info.config.queue_count:
         raise RpcFailure(Code.BAD_REQUEST, f"topic {info.name!r} has no queue {message_queue.id}")
     return info, QueueRef(info.namespace, info.name, message_queue.id)
 
 
-async def pull_message(rt: Runtime, request: Any, context: Any) -> AsyncIterator[Any]:
+async def pull_message(rt: RocketMQServices, request: Any, context: Any) -> AsyncIterator[Any]:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
     info, queue = await _queue(rt, caller, request.message_queue)
@@ -64,7 +66,7 @@ async def pull_message(rt: Runtime, request: Any, context: Any) -> AsyncIterator
     yield service_pb2.PullMessageResponse(next_offset=result.next_offset)
 
 
-async def update_offset(rt: Runtime, request: Any, context: Any) -> Any:
+async def update_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
     _, queue = await _queue(rt, caller, request.message_queue)
@@ -74,7 +76,7 @@ async def update_offset(rt: Runtime, request: Any, context: Any) -> Any:
     return service_pb2.UpdateOffsetResponse(status=ok())
 
 
-async def get_offset(rt: Runtime, request: Any, context: Any) -> Any:
+async def get_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
     _, queue = await _queue(rt, caller, request.message_queue)
@@ -84,7 +86,7 @@ async def get_offset(rt: Runtime, request: Any, context: Any) -> Any:
     return service_pb2.GetOffsetResponse(status=ok(), offset=committed.offset)
 
 
-async def query_offset(rt: Runtime, request: Any, context: Any) -> Any:
+async def query_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.message_queue.topic.resource_namespace)
     _, queue = await _queue(rt, caller, request.message_queue)
     policy = request.query_offset_policy

@@ -22,7 +22,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 from gateway.processor import Caller
 from protocols.rocketmq import mapping
 from protocols.rocketmq.filters import MATCH_ALL, Filter
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import RpcFailure, ok, status
 from storage.model import StoredMessage, TopicInfo
 
@@ -37,7 +37,7 @@ def duration_ms(value: Any) -> int:
     return int(value.seconds) * 1000 + int(value.nanos) // 1_000_000
 
 
-def _invisible_ms(rt: Runtime, request: Any) -> int:
+def _invisible_ms(rt: RocketMQServices, request: Any) -> int:
     if request.auto_renew or not request.HasField("invisible_duration"):
         return rt.options.default_invisible_ms
     invisible = duration_ms(request.invisible_duration)
@@ -50,7 +50,7 @@ def _invisible_ms(rt: Runtime, request: Any) -> int:
     return invisible
 
 
-def _long_polling_ms(rt: Runtime, request: Any, context: Any) -> int:
+def _long_polling_ms(rt: RocketMQServices, request: Any, context: Any) -> int:
     wait = (
         duration_ms(request.long_polling_timeout)
         if request.HasField("long_polling_timeout")
@@ -63,7 +63,7 @@ def _long_polling_ms(rt: Runtime, request: Any, context: Any) -> int:
     return max(wait, 0)
 
 
-def _filter(rt: Runtime, request: Any, caller: Caller, topic: str) -> Filter:
+def _filter(rt: RocketMQServices, request: Any, caller: Caller, topic: str) -> Filter:
     expression = request.filter_expression
     if expression.type or expression.expression:
         return rt.filter(expression.type, expression.expression)
@@ -72,7 +72,7 @@ def _filter(rt: Runtime, request: Any, caller: Caller, topic: str) -> Filter:
 
 
 async def _wait_for_topic(
-    rt: Runtime, caller: Caller, topic: str, wait_ms: int
+    rt: RocketMQServices, caller: Caller, topic: str, wait_ms: int
 ) -> TopicInfo | None:
     """A consumer may start before any producer created the topic: wait out the long
     poll for it to appear rather than create it with a guessed message type."""
@@ -88,7 +88,7 @@ async def _wait_for_topic(
 
 
 async def _pop(
-    rt: Runtime,
+    rt: RocketMQServices,
     caller: Caller,
     group: str,
     info: TopicInfo,
@@ -124,7 +124,7 @@ async def _pop(
             return kept
 
 
-async def receive_message(rt: Runtime, request: Any, context: Any) -> AsyncIterator[Any]:
+async def receive_message(rt: RocketMQServices, request: Any, context: Any) -> AsyncIterator[Any]:
     caller = rt.caller(context, request.group.resource_namespace)
     group = request.group.name
     if not group:

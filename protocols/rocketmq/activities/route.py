@@ -19,7 +19,7 @@ from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
 from gateway.directory import GatewayEndpoint, owner_of
 from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import Code, RpcFailure, ok
 
 __all__ = ["BROKER_NAME", "query_assignment", "query_route"]
@@ -45,7 +45,7 @@ MAX_REQUESTED_ENDPOINTS_BYTES = 4096
 class _Gateways:
     """The live gateways as route entries for one request."""
 
-    def __init__(self, rt: Runtime, requested: Any) -> None:
+    def __init__(self, rt: RocketMQServices, requested: Any) -> None:
         if requested is not None and (
             len(requested.addresses) > MAX_REQUESTED_ADDRESSES
             or requested.ByteSize() > MAX_REQUESTED_ENDPOINTS_BYTES
@@ -99,7 +99,7 @@ def _queue(topic: Any, queue_id: int, broker: tuple[str, Any], types: list[int])
     return queue
 
 
-async def query_route(rt: Runtime, request: Any, context: Any) -> Any:
+async def query_route(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.topic.resource_namespace)
     info = await rt.find_topic(caller, request.topic.name)
     if info is None and not rt.auto_create:
@@ -116,7 +116,7 @@ async def query_route(rt: Runtime, request: Any, context: Any) -> Any:
     )
 
 
-async def query_assignment(rt: Runtime, request: Any, context: Any) -> Any:
+async def query_assignment(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """One assignment of queue ``-1`` (every queue of the topic): push consumers then
     pop across the whole topic, and the server balances messages among them, as
     Apache's proxy assigns pop consumers. The group's consumers of a topic all go to

@@ -17,7 +17,7 @@ from rocketmq.grpc_protocol import Code, service_pb2
 
 from gateway.fairness import cooperatively, pause
 from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.status import RpcFailure, ok
 from storage.model import AppendRequest, Message, MessageType, QueueRef, TopicInfo
 
@@ -31,7 +31,7 @@ __all__ = ["recall_message", "send_message"]
 APPEND_SLICE = 64
 
 
-def _queue_for(rt: Runtime, info: TopicInfo, message: Message) -> QueueRef:
+def _queue_for(rt: RocketMQServices, info: TopicInfo, message: Message) -> QueueRef:
     count = max(1, info.config.queue_count)
     if message.message_group is not None:
         queue_id = zlib.crc32(message.message_group.encode()) % count
@@ -40,7 +40,7 @@ def _queue_for(rt: Runtime, info: TopicInfo, message: Message) -> QueueRef:
     return QueueRef(info.namespace, info.name, queue_id)
 
 
-async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
+async def send_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """A batch is checked whole before anything is stored (a bad message fails the
     send, not half of it), then appended slice by slice, handing the event loop back
     between slices: a batch of ``limits.max_batch_items`` delays every other
@@ -120,7 +120,7 @@ async def send_message(rt: Runtime, request: Any, context: Any) -> Any:
     return service_pb2.SendMessageResponse(status=ok(), entries=entries)
 
 
-async def recall_message(rt: Runtime, request: Any, context: Any) -> Any:
+async def recall_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """The recall handle is the delayed message's id (given back on send)."""
     caller = rt.caller(context, request.topic.resource_namespace)
     if not request.recall_handle:

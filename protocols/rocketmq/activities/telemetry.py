@@ -21,7 +21,7 @@ from gateway.connections import TooManyConnections
 from gateway.fairness import cooperatively
 from gateway.processor import Caller
 from protocols.rocketmq.filters import Filter
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.sessions import ClientSession
 from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, ok, status_for
 
@@ -45,7 +45,7 @@ def _set_ms(field: Any, ms: int) -> None:
     field.nanos = (ms % 1000) * 1_000_000
 
 
-async def server_settings(rt: Runtime, caller: Caller, client: Any) -> Any:
+async def server_settings(rt: RocketMQServices, caller: Caller, client: Any) -> Any:
     """The settings answering a client's: Apache's proxy defaults, the group's FIFO
     flag and delivery-attempt limit from its :class:`GroupConfig`."""
     settings = definition_pb2.Settings(client_type=client.client_type)
@@ -87,7 +87,7 @@ async def server_settings(rt: Runtime, caller: Caller, client: Any) -> Any:
     return settings
 
 
-async def _on_settings(rt: Runtime, session: ClientSession, client: Any) -> Any:
+async def _on_settings(rt: RocketMQServices, session: ClientSession, client: Any) -> Any:
     """A client's settings; at most ``limits.max_batch_items`` topics or subscriptions
     (PAYLOAD_TOO_LARGE), and the loop is handed back after each SQL92 filter parsed
     (a long one takes milliseconds)."""
@@ -113,7 +113,7 @@ async def _on_settings(rt: Runtime, session: ClientSession, client: Any) -> Any:
     return service_pb2.TelemetryCommand(status=ok(), settings=settings)
 
 
-async def _on_command(rt: Runtime, session: ClientSession, command: Any) -> None:
+async def _on_command(rt: RocketMQServices, session: ClientSession, command: Any) -> None:
     if isinstance(command, Malformed):
         refused = command.status()
         log_refusal("Telemetry", session.peer, refused)
@@ -138,7 +138,7 @@ async def _on_command(rt: Runtime, session: ClientSession, command: Any) -> None
 
 
 async def telemetry(
-    rt: Runtime, request_iterator: AsyncIterator[Any], context: Any
+    rt: RocketMQServices, request_iterator: AsyncIterator[Any], context: Any
 ) -> AsyncIterator[Any]:
     caller = rt.caller(context)
     if not caller.client_id:
@@ -170,14 +170,14 @@ async def telemetry(
         rt.sessions.close(session)
 
 
-async def heartbeat(rt: Runtime, request: Any, context: Any) -> Any:
+async def heartbeat(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     if request.HasField("group") and request.group.name:
         await rt.check_group(caller, request.group.name)
     return service_pb2.HeartbeatResponse(status=ok())
 
 
-async def notify_client_termination(rt: Runtime, request: Any, context: Any) -> Any:
+async def notify_client_termination(rt: RocketMQServices, request: Any, context: Any) -> Any:
     """The client cancels its Telemetry stream itself right after, which ends its
     session; ending the stream from here first makes the clients log a read error."""
     rt.caller(context, request.group.resource_namespace)

@@ -18,10 +18,11 @@ from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
 from gateway.processor import Caller
 from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import Runtime
+from protocols.rocketmq.runtime import RocketMQServices
 from protocols.rocketmq.sessions import PRODUCER
 from protocols.rocketmq.status import RpcFailure, ok
 from storage.errors import StorageError
+from storage.lifecycle import TaskSet
 from storage.model import HalfMessage, MessageType, StoredMessage
 
 __all__ = ["TransactionChecker", "end_transaction"]
@@ -29,7 +30,7 @@ __all__ = ["TransactionChecker", "end_transaction"]
 log = logging.getLogger(__name__)
 
 
-async def end_transaction(rt: Runtime, request: Any, context: Any) -> Any:
+async def end_transaction(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.topic.resource_namespace)
     if not request.transaction_id:
         raise RpcFailure(Code.INVALID_TRANSACTION_ID, "transaction id is empty")
@@ -46,7 +47,7 @@ async def end_transaction(rt: Runtime, request: Any, context: Any) -> Any:
     return service_pb2.EndTransactionResponse(status=ok())
 
 
-def _check_command(rt: Runtime, half: HalfMessage) -> Any:
+def _check_command(rt: RocketMQServices, half: HalfMessage) -> Any:
     stored = StoredMessage(
         message=half.message,
         queue=half.queues[0],
@@ -69,18 +70,12 @@ def _check_command(rt: Runtime, half: HalfMessage) -> Any:
 class TransactionChecker:
     """Runs while the listener serves; one pass every check interval."""
 
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: RocketMQServices) -> None:
         self._rt = rt
-        self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="rocketmq-transaction-check")
-
-    async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+    def start(self, tasks: TaskSet) -> None:
+        """Check as one of the listener's ``tasks``, which its stop closes."""
+        tasks.spawn(self._run(), name="rocketmq-transaction-check")
 
     async def _run(self) -> None:
         interval = self._rt.options.transaction_check_interval_ms / 1000
