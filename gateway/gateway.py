@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from types import TracebackType
-from typing import Self
 
 from gateway.accounts import Accounts
 from gateway.config import GatewayConfig
@@ -35,13 +33,14 @@ from gateway.processor import Processor
 from storage.api import StorageAPI
 from storage.clock import Clock, SystemClock
 from storage.errors import NamespaceAlreadyExists
+from storage.lifecycle import Service
 
 __all__ = ["Gateway"]
 
 log = logging.getLogger(__name__)
 
 
-class Gateway:
+class Gateway(Service):
     """Storage, accounts, metering, connections, the processor and the listeners,
     with one lifecycle: ``async with`` starts storage, creates the configured
     namespaces and starts the listeners; leaving stops the listeners in reverse,
@@ -60,6 +59,7 @@ class Gateway:
         listener_factories: Mapping[str, ListenerFactory] | None = None,
         directory: GatewayDirectory | Callable[[Gateway], GatewayDirectory] | None = None,
     ) -> None:
+        super().__init__()
         self.config = config
         self.clock: Clock = clock or SystemClock()
         self.storage = storage
@@ -176,15 +176,4 @@ class Gateway:
             if self._storage_started:
                 self._storage_started = False
                 await self.storage.close()
-
-    async def __aenter__(self) -> Self:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
+            await super().close()
