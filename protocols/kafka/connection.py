@@ -37,7 +37,7 @@ from protocols.kafka.codec import (
     frame_size,
     response_class,
 )
-from protocols.kafka.departure import WAITS, unless_peer_leaves
+from protocols.kafka.departure import WAITS, PeerWatch
 from protocols.kafka.handlers import HANDLERS
 from protocols.kafka.handlers.topics import api_versions_body
 from protocols.kafka.session import KafkaServices, Session, anonymous_caller, caller_for
@@ -85,10 +85,10 @@ async def serve_connection(
     session.peer = f"/{peer[0]}" if isinstance(peer, tuple) else ""
     loop = asyncio.get_running_loop()
     identified = not open_mode  # with SASL, the SaslAuthenticate handler identifies
-    carried = b""  # the next request's first byte, read while watching for departure
+    watch = PeerWatch(reader)
     while True:
         try:
-            size, prefix, deadline = await _read_head(session, reader, carried)
+            size, prefix, deadline = await _read_head(session, reader)
         except asyncio.IncompleteReadError:
             return
         except _Refused as e:
@@ -116,17 +116,12 @@ async def serve_connection(
             started = time.monotonic()
             api_key = int.from_bytes(prefix[:2], "big", signed=True)
             if api_key in WAITS:
-                outcome = await unless_peer_leaves(_answer(session, frame), reader, writer)
-                if outcome.left:
-                    log.info(
-                        "kafka: %s left while its API %d request waited; closing",
-                        session.peer or "a connection",
-                        api_key,
-                    )
+                left, response = await watch.unless_gone(_answer(session, frame))
+                if left:
+                    log.debug("kafka: %s left while its API %d waited", session.peer, api_key)
                     return
-                response, carried = outcome.result, outcome.carried
             else:
-                response, carried = await _answer(session, frame), b""
+                response = await _answer(session, frame)
         if trace.isEnabledFor(logging.DEBUG):
             _trace(session, frame, started, response)
         del frame
@@ -141,25 +136,20 @@ def _slow(services: KafkaServices) -> str:
     return f"frame not complete within {services.limits.frame_timeout_ms} ms"
 
 
-async def _read_head(
-    session: Session, reader: asyncio.StreamReader, carried: bytes
-) -> tuple[int, bytes, float]:
+async def _read_head(session: Session, reader: asyncio.StreamReader) -> tuple[int, bytes, float]:
     """A frame's size and its first 8 bytes (api key, version, correlation id), and the
     deadline for the rest; raises :class:`_Refused` for a frame not to be read further.
-    ``carried`` is the frame's first byte if it was already read.
 
     Only these 12 bytes are read before the checks that depend on the connection's
     state, so an unauthenticated peer can make us hold no more than
     ``max_unauthenticated_frame_bytes``, and never makes us decode anything."""
     services = session.services
     limits = services.limits
-    first = carried
-    if not first:
-        try:
-            async with asyncio.timeout(services.idle_timeout_s):
-                first = await reader.readexactly(1)
-        except TimeoutError:
-            raise _Refused(f"no request for {services.idle_timeout_s:.0f} s") from None
+    try:
+        async with asyncio.timeout(services.idle_timeout_s):
+            first = await reader.readexactly(1)
+    except TimeoutError:
+        raise _Refused(f"no request for {services.idle_timeout_s:.0f} s") from None
     deadline = asyncio.get_running_loop().time() + limits.frame_timeout_ms / 1000
     authenticated = session.state is AuthState.AUTHENTICATED
     try:

@@ -8,19 +8,21 @@ client's to choose, up to 24 days). Kafka's network layer closes such a connecti
 and its pending request goes nowhere; this does the same for the requests that are
 pure waits, with nothing to undo when cancelled.
 
-Watching must not eat the next request: the watch reads at most one byte, which it
-hands back to the connection. Once a byte arrived (the client pipelines), only the
-transport's own close is watched (a reset, or both directions shut).
+Reading to find out would eat the next request, and a client that pipelines has sent
+some of it already, so the end of the stream is seen where asyncio learns of it: the
+stream protocol calls the reader's ``feed_eof`` (the peer shut its side) or
+``set_exception`` (a reset), whatever is still buffered. The watch wraps those two.
+asyncio stops reading a socket whose reader holds 128 KiB unread, so a peer that
+pipelined that much before leaving is noticed only when its wait ends.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Coroutine
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["WAITS", "Outcome", "unless_peer_leaves"]
+__all__ = ["WAITS", "PeerWatch"]
 
 _T = TypeVar("_T")
 
@@ -31,60 +33,52 @@ _T = TypeVar("_T")
 WAITS: frozenset[int] = frozenset({1, 11, 14, 78})
 
 
-class Outcome(Generic[_T]):
-    """What :func:`unless_peer_leaves` saw: the handler's result, or that the peer
-    left first; and the first byte of the next request, if the watch read one."""
+class PeerWatch:
+    """Whether the peer of ``reader``'s connection has shut its side or reset it.
+    Made before the connection's first read, so no end of stream goes unseen."""
 
-    __slots__ = ("carried", "left", "result")
+    def __init__(self, reader: asyncio.StreamReader) -> None:
+        self._gone = asyncio.Event()
+        if reader.at_eof() or reader.exception() is not None:
+            self._gone.set()
+        feed_eof, set_exception = reader.feed_eof, reader.set_exception
 
-    def __init__(self, result: _T | None, left: bool, carried: bytes) -> None:
-        self.result = result
-        self.left = left
-        self.carried = carried
+        def on_eof() -> None:
+            feed_eof()
+            self._gone.set()
 
+        def on_error(exc: Exception) -> None:
+            set_exception(exc)
+            self._gone.set()
 
-class _Watch:
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.carried = b""
-        self._reader = reader
-        self._writer = writer
-        self.task = asyncio.ensure_future(self._gone())
+        reader.feed_eof = on_eof  # type: ignore[method-assign]
+        reader.set_exception = on_error  # type: ignore[method-assign]
 
-    async def _gone(self) -> None:
-        """Return once the peer is gone."""
+    @property
+    def gone(self) -> bool:
+        return self._gone.is_set()
+
+    async def unless_gone(self, handling: Coroutine[Any, Any, _T]) -> tuple[bool, _T | None]:
+        """Run ``handling`` until it finishes or the peer leaves, whichever comes first
+        (then ``handling`` is cancelled): whether the peer left, and the result."""
+        if self.gone:
+            handling.close()
+            return True, None
+        task = asyncio.ensure_future(handling)
+        gone = asyncio.ensure_future(self._gone.wait())
         try:
-            self.carried = await self._reader.read(1)
-        except OSError:
-            return
-        if not self.carried:
-            return  # end of stream: the peer closed its side
-        with contextlib.suppress(OSError):  # a reset: the transport closed with it
-            await self._writer.wait_closed()
-
-
-async def unless_peer_leaves(
-    handling: Coroutine[Any, Any, _T],
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-) -> Outcome[_T]:
-    """Run ``handling`` until it finishes or the peer leaves, whichever comes first; in
-    the latter case ``handling`` is cancelled."""
-    task = asyncio.ensure_future(handling)
-    watch = _Watch(reader, writer)
-    try:
-        await asyncio.wait((task, watch.task), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # our own cancellation (a kick, the listener stopping)
-        task.cancel()
-        watch.task.cancel()
-        await asyncio.wait((task, watch.task))
-        raise
-    if not task.done():
+            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:  # our own cancellation (a kick, the listener stopping)
+            task.cancel()
+            gone.cancel()
+            await asyncio.wait((task, gone))
+            raise
+        gone.cancel()
+        if task.done():
+            return False, task.result()
         task.cancel()
         await asyncio.wait((task,))
         failure = None if task.cancelled() else task.exception()
         if failure is not None:
             raise failure  # a handler's own bug, not the peer's leaving
-        return Outcome(None, True, b"")
-    watch.task.cancel()
-    await asyncio.wait((watch.task,))
-    return Outcome(task.result(), False, watch.carried)
+        return True, None
