@@ -20,19 +20,13 @@ from gateway.fairness import cooperatively
 from gateway.processor import Caller
 from protocols.mqtt import codec
 from protocols.mqtt._state import ConnectionState, accepts
-from protocols.mqtt.broker import (
-    Broker,
-    Delivery,
-    Outgoing,
-    Session,
-    SubOptions,
-    spawn,
-)
+from protocols.mqtt.broker import MqttBroker
 from protocols.mqtt.mapping import (
     message_from_publish,
     published_qos,
     storage_topic,
 )
+from protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
 from protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
 from protocols.mqtt.services import MqttServices
 from protocols.mqtt.topic_filter_index import (
@@ -145,7 +139,7 @@ class MqttConnection:
         )
         self._v5 = False
         self._caller: Caller | None = None
-        self._broker: Broker | None = None
+        self._broker: MqttBroker | None = None
         self._session: Session | None = None
         self.client_id = ""
         self._keep_alive = 0
@@ -334,7 +328,9 @@ class MqttConnection:
             await broker.publish([will.outgoing(clock.now_ms())])
         elif session.owner is None:  # v5 3.1.3.2.2: a resumed session cancels the will
             broker.schedule(
-                session, delay, lambda: spawn(broker.publish([will.outgoing(clock.now_ms())]))
+                session,
+                delay,
+                lambda: broker.spawn(broker.publish([will.outgoing(clock.now_ms())])),
             )
 
     def _goodbye(self, reason: int, text: str = "") -> None:

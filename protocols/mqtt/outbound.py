@@ -20,13 +20,14 @@ from typing import Any
 
 from gateway.processor import Caller
 from protocols.mqtt import codec
-from protocols.mqtt.broker import POP_GROUP, Broker, Delivery, Session, SubOptions
+from protocols.mqtt.broker import MqttBroker
 from protocols.mqtt.mapping import (
     MQTT_RETAIN,
     mqtt_topic_of,
     publish_from_message,
     published_qos,
 )
+from protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
 from protocols.mqtt.services import MqttServices
 from protocols.mqtt.topic_filter_index import SHARE_PREFIX
 from protocols.mqtt.transport import Transport
@@ -90,7 +91,7 @@ class Outbound:
         self.alias_max = 0  # the client's Topic Alias Maximum
         self.max_packet = 0  # the client's Maximum Packet Size (0: none)
         self._session: Session | None = None
-        self._broker: Broker | None = None
+        self._broker: MqttBroker | None = None
         self._caller: Caller | None = None
         self._inflight: dict[int, _InFlight] = {}
         self._next_pid = 1
@@ -104,7 +105,7 @@ class Outbound:
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_wake: asyncio.Event | None = None
 
-    def bind(self, session: Session, broker: Broker, caller: Caller) -> None:
+    def bind(self, session: Session, broker: MqttBroker, caller: Caller) -> None:
         """Start delivering for ``session``; resume its QoS 2 flows (v5 4.4)."""
         self._session, self._broker, self._caller = session, broker, caller
         self.active = True

@@ -119,7 +119,7 @@ def decode_event(message: Message) -> Event | None:
 
 def stamp_of(stored: StoredMessage) -> tuple[str, int] | None:
     """Who stored an MQTT publish, and the ``$mqtt.events`` offset that gateway had
-    applied then (the second property, where :meth:`Broker.publish` puts it), or
+    applied then (the second property, where :meth:`Router.publish` puts it), or
     None."""
     properties = stored.message.properties
     if len(properties) > 1 and properties[1][0] == GATEWAY_PROPERTY:

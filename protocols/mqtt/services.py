@@ -18,7 +18,8 @@ from gateway.fairness import FrameBudget
 from gateway.listeners import ListenerContext
 from gateway.metering import Metering
 from gateway.processor import Processor
-from protocols.mqtt.broker import Broker, Delivery
+from protocols.mqtt.broker import MqttBroker
+from protocols.mqtt.model import Delivery
 from protocols.mqtt.options import MqttOptions
 from protocols.mqtt.peers import Peers
 from protocols.mqtt.topic_filter_index import filter_matches
@@ -36,25 +37,25 @@ class Stats:
 
 
 class BrokerRegistry:
-    """One :class:`Broker` per namespace, loaded from storage on first use."""
+    """One :class:`MqttBroker` per namespace, loaded from storage on first use."""
 
     def __init__(self, processor: Processor, peers: Peers | None = None) -> None:
         self._processor = processor
         self._peers = peers
-        self._brokers: dict[str, Broker] = {}
-        self._loading: dict[str, asyncio.Future[Broker]] = {}
+        self._brokers: dict[str, MqttBroker] = {}
+        self._loading: dict[str, asyncio.Future[MqttBroker]] = {}
 
-    async def get(self, namespace: str) -> Broker:
+    async def get(self, namespace: str) -> MqttBroker:
         broker = self._brokers.get(namespace)
         if broker is not None:
             return broker
         pending = self._loading.get(namespace)
         if pending is not None:
             return await asyncio.shield(pending)
-        future: asyncio.Future[Broker] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[MqttBroker] = asyncio.get_running_loop().create_future()
         self._loading[namespace] = future
         try:
-            broker = await Broker.load(self._processor, namespace, self._peers)
+            broker = await MqttBroker.load(self._processor, namespace, self._peers)
         except BaseException as e:
             future.set_exception(e)
             future.exception()  # retrieved: waiters re-raise it
@@ -65,12 +66,15 @@ class BrokerRegistry:
         future.set_result(broker)
         return broker
 
-    def loaded(self) -> list[Broker]:
+    def loaded(self) -> list[MqttBroker]:
         return list(self._brokers.values())
 
     async def close(self) -> None:
-        """Stop the brokers' background work (listener stop)."""
-        for broker in list(self._brokers.values()):
+        """Stop the brokers' background work (the last listener's stop): a start after
+        it loads them again."""
+        brokers = list(self._brokers.values())
+        self._brokers.clear()
+        for broker in brokers:
             await broker.close()
 
 
@@ -91,14 +95,22 @@ class MqttServices:
     options: MqttOptions
     version: str = "polymq"
     _sys_task: asyncio.Task[None] | None = None
+    _listeners: int = 0  # started and not yet stopped
 
     def start(self) -> None:
         """Start publishing ``$SYS`` every ``options.sys_interval_s`` (idempotent: both
         listeners call it)."""
+        self._listeners += 1
         if self._sys_task is None or self._sys_task.done():
             self._sys_task = asyncio.get_running_loop().create_task(self._publish_sys())
 
     async def stop(self) -> None:
+        """Stop ``$SYS`` and the brokers once no listener serves them: the TCP and the
+        WebSocket listener share them, and the one stopping first still has its
+        connections' sessions to end."""
+        self._listeners = max(0, self._listeners - 1)
+        if self._listeners > 0:
+            return
         task, self._sys_task = self._sys_task, None
         if task is not None:
             task.cancel()

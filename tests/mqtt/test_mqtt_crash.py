@@ -1,6 +1,6 @@
 """A server killed (SIGKILL) in the middle of a QoS 2 flow: exactly once still holds,
 since a QoS 2 PUBLISH is appended with a dedup key that the storage engine records
-with the message (protocols/mqtt/broker.py, ``Broker.qos2_dedup_key``)."""
+with the message (protocols/mqtt/sessions.py, ``Sessions.qos2_dedup_key``)."""
 
 from __future__ import annotations
 

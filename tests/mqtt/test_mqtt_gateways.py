@@ -148,14 +148,12 @@ def hold_events(server: LiveServer, hold: bool) -> None:
         services = serving(server.gateway.processor)
         assert services is not None
         broker = await services.brokers.get("default")
-        task = broker._events_task
-        if hold and task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-            broker._events_task = None
-        elif not hold and task is None:
-            follow = broker._follow_events(broker._applied)
-            broker._events_task = asyncio.get_running_loop().create_task(follow)
+        events = broker.peer_events
+        assert events is not None
+        if hold and events.task is not None:
+            await events.close()
+        elif not hold and events.task is None:
+            events.follow(broker.core.applied)
 
     server.call(toggle)
 

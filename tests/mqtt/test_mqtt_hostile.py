@@ -25,7 +25,7 @@ from websockets.typing import Subprotocol
 
 from gateway.fairness import SLICE
 from protocols.mqtt import codec
-from protocols.mqtt.broker import Broker
+from protocols.mqtt.broker import MqttBroker
 from protocols.mqtt.services import serving
 from protocols.mqtt.ws_handshake import _send_eof_once
 from tests.live_server import LiveServer
@@ -250,7 +250,7 @@ def test_subscribe_at_the_filter_limit_is_granted(served: LiveServer) -> None:
     assert isinstance(unack, codec.UnsubAck) and unack.reasons == [0] * MAX_FILTERS
 
 
-def _broker_of(server: LiveServer, client_id: str) -> Broker:
+def _broker_of(server: LiveServer, client_id: str) -> MqttBroker:
     services = serving(server.gateway.processor)
     assert services is not None
     return next(b for b in services.brokers.loaded() if client_id in b.sessions)

@@ -3,9 +3,11 @@ receive maximum, $SYS topics, server shutdown."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 from protocols.mqtt import codec
+from protocols.mqtt.broker import MqttBroker
 from storage.model import DEFAULT_NAMESPACE, TopicConfig
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server, wait_until
@@ -277,3 +279,25 @@ def test_session_and_shared_queues_are_internal_topics(tmp_path: Path) -> None:
         assert len(queues) == 2  # the shared group's queue and keeper's session queue
         assert names(True) >= queues | {"jobs"}
         assert "jobs" in names(False) and not names(False) & queues
+
+
+def test_closing_a_broker_cancels_and_awaits_its_background_tasks(tmp_path: Path) -> None:
+    """What a broker runs in the background (an expiry, a delayed will, following the
+    other gateways) does not outlive its close: the listener's stop ends all of it."""
+    with mqtt_server(tmp_path) as server:
+
+        async def check() -> None:
+            broker = await MqttBroker.load(server.gateway.processor, DEFAULT_NAMESPACE)
+            started = asyncio.Event()
+
+            async def forever() -> None:
+                started.set()
+                await asyncio.Event().wait()
+
+            task = broker.spawn(forever())
+            await started.wait()
+            await broker.close()
+            assert task.cancelled()
+            assert len(broker.core.tasks) == 0
+
+        server.call(check)

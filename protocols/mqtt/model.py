@@ -1,0 +1,185 @@
+"""What the MQTT broker of a namespace keeps and hands out: sessions, subscription
+options, shared groups, deliveries, and the storage names of their queues.
+
+Kept apart from the broker's parts (sessions, subscriptions, routing, tails, peer
+events) so that each of them, the connection and its outbound side name the same
+records without importing one another.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from protocols.mqtt.peers import EVENTS_TOPIC
+from storage.model import Message, QueueRef, TopicConfig
+
+__all__ = [
+    "INTERNAL_PREFIXES",
+    "NEVER_EXPIRES",
+    "POP_GROUP",
+    "SESSION_KIND",
+    "SESSION_PREFIX",
+    "SHARED_PREFIX",
+    "Delivery",
+    "Outgoing",
+    "Session",
+    "SessionOwner",
+    "SharedGroup",
+    "SubOptions",
+    "cancel_timers",
+    "expiry_left_ms",
+    "inbound_from_json",
+    "queue_topic",
+    "topic_config",
+]
+
+POP_GROUP = "mqtt"  # the consumer group every session and shared queue is popped by
+SESSION_KIND = "mqtt.session"
+SESSION_PREFIX = "$mqtt.session."
+SHARED_PREFIX = "$mqtt.share."
+INTERNAL_PREFIXES = (SESSION_PREFIX, SHARED_PREFIX, EVENTS_TOPIC)
+NEVER_EXPIRES = 0xFFFFFFFF
+_INTERNAL_TOPIC = TopicConfig(internal=True)
+_PUBLIC_TOPIC = TopicConfig()
+
+
+@dataclass(slots=True, kw_only=True)
+class SubOptions:
+    qos: int
+    no_local: bool = False
+    retain_as_published: bool = False
+    retain_handling: int = 0
+    subscription_id: int | None = None
+
+    def to_json(self) -> list[Any]:
+        return [
+            self.qos,
+            self.no_local,
+            self.retain_as_published,
+            self.retain_handling,
+            self.subscription_id,
+        ]
+
+    @classmethod
+    def from_json(cls, raw: list[Any]) -> SubOptions:
+        return cls(
+            qos=raw[0],
+            no_local=raw[1],
+            retain_as_published=raw[2],
+            retain_handling=raw[3],
+            subscription_id=raw[4],
+        )
+
+
+@dataclass(slots=True, kw_only=True)
+class Delivery:
+    """A message on its way to one online subscriber from memory."""
+
+    message: Message
+    topic: str
+    qos: int
+    retain: bool
+    subscription_ids: list[int]
+
+
+class SessionOwner(Protocol):
+    """The connection serving a session (protocols/mqtt/connection.py)."""
+
+    def deliver(self, delivery: Delivery) -> None: ...
+
+    def wake(self) -> None:
+        """New messages may wait in the session's or a shared group's queue."""
+        ...
+
+    async def take_over(self) -> None:
+        """Close because the same client id connected again (v5 reason 0x8E)."""
+        ...
+
+
+@dataclass(slots=True, kw_only=True)
+class Session:
+    client_id: str
+    expiry_s: int
+    queue: QueueRef | None = None  # persistent sessions only
+    subscriptions: dict[str, SubOptions] = field(default_factory=dict)
+    owner: SessionOwner | None = None
+    # QoS 2 in (v5 4.3.3): packet id -> the release epoch it arrived in, for PUBLISHes
+    # answered with PUBREC whose PUBREL has not come yet. See :meth:`qos2_dedup_key`.
+    inbound_qos2: dict[int, int] = field(default_factory=dict)
+    release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
+    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    outbound_pubrel: set[int] = field(default_factory=set)  # PUBREL sent, PUBCOMP awaited
+    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # Several gateways: the others know it (tell them it ended); filters subscribed
+    # here not yet announced, and the events offset at which each one was.
+    announced: bool = False
+    fresh: set[str] = field(default_factory=set)
+    announced_at: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
+class SharedGroup:
+    """``$share/{group}/{filter}``: one queue popped by the members (v5 4.8.2)."""
+
+    name: str
+    filter: str
+    queue: QueueRef
+    members: dict[str, Session] = field(default_factory=dict)
+    turn: int = 0
+
+    def next_owner(self) -> SessionOwner | None:
+        """The online member to wake for the next message, in turn."""
+        online = [m.owner for m in self.members.values() if m.owner is not None]
+        if not online:
+            return None
+        self.turn += 1
+        return online[self.turn % len(online)]
+
+
+@dataclass(slots=True, kw_only=True)
+class Outgoing:
+    """One message to route: already mapped to the model."""
+
+    message: Message
+    topic: str
+    qos: int
+    retain: bool
+    publisher: str | None = None
+    dedup_key: str | None = None  # QoS 2 in: see MqttBroker.qos2_dedup_key
+
+
+def queue_topic(prefix: str, name: str) -> str:
+    """A storage topic name for a session or shared queue: readable when it fits,
+    else a digest (storage names stop at 255 bytes)."""
+    topic = prefix + name
+    if len(topic.encode()) <= 200 and all(c >= " " and c != "\x7f" for c in topic):
+        return topic
+    return prefix + hashlib.sha256(name.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def topic_config(topic: str) -> TopicConfig:
+    """Session and shared-group queues are internal: other protocols' topic listings
+    leave them out."""
+    return _INTERNAL_TOPIC if topic.startswith(INTERNAL_PREFIXES) else _PUBLIC_TOPIC
+
+
+def expiry_left_ms(expiry_s: int, gone_ms: int, now_ms: int) -> int | None:
+    if expiry_s == NEVER_EXPIRES:
+        return None
+    return expiry_s * 1000 - (now_ms - gone_ms)
+
+
+def inbound_from_json(raw: Any) -> dict[int, int]:
+    """Saved ``[packet id, epoch]`` pairs (plain packet ids before epochs existed)."""
+    pairs = (p if isinstance(p, list) else (p, 0) for p in raw)
+    return {packet_id: epoch for packet_id, epoch in pairs}
+
+
+def cancel_timers(session: Session) -> None:
+    for timer in session.timers:
+        timer.cancel()
+    session.timers.clear()

@@ -1,0 +1,299 @@
+"""Routing a publish: one storage append into the storage topic and every queue it
+reaches, and deliveries from memory to online subscribers.
+
+Every publish is indexed into the storage topic (the topic name's first level, so
+other protocols see it), into the session queue of every persistent session it
+reaches at QoS 1 or 2, and into the queue of every shared-subscription group it
+matches (multi-dispatch). Those sessions read their queue in pop mode, so an
+acknowledged publish survives their disconnect and a server restart. Clean
+sessions, and QoS 0, are served from memory as EMQX does (docs/mqtt.md).
+
+What other protocols store under a storage topic, and what other gateways stored,
+reaches this gateway through the tails (protocols/mqtt/tails.py) and is routed here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+from protocols import interop
+from protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
+from protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
+from protocols.mqtt.model import Delivery, Outgoing, Session, SessionOwner, SharedGroup
+from protocols.mqtt.peers import stamp_of, stamped
+from protocols.mqtt.topic_filter_index import filter_matches, split_shared
+from protocols.mqtt.topic_tail import from_mqtt
+from storage.errors import StorageError, TopicNotFound
+from storage.model import AppendRequest, Message, QueueRef, StoredMessage
+
+__all__ = ["Router"]
+
+
+class Router:
+    """Where a message goes, from the subscription index of one namespace."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self.messages_in = 0
+
+    async def publish(self, items: list[Outgoing]) -> None:
+        """Hand the in-memory deliveries out, then store every item with one append
+        (each dispatched to its storage topic and to every queue it reaches).
+
+        Online clean-session subscribers do not wait for the disk: as with EMQX, what
+        they get from memory is not kept for them anyway, and the publisher's ack still
+        waits for the append."""
+        requests = []
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []
+        for item in items:
+            topic = storage_topic(item.topic)
+            await self.core.ensure_topic(topic)
+            if self.core.peers is not None:  # with no await before _route: see _route_peer
+                stamp = b"%d:%s" % (self.core.applied, self.core.stamp)
+                item.message = stamped(item.message, stamp)
+            queues = [QueueRef(self.core.namespace, topic, 0)]
+            self._route(item, queues, memory, woken)
+            requests.append(
+                AppendRequest(entry=item.message, queues=tuple(queues), dedup_key=item.dedup_key)
+            )
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+        try:
+            await self.core.processor.append(self.core.caller, requests)
+        except TopicNotFound:
+            await self._append_again(requests)
+        self.messages_in += len(items)
+        for item in items:
+            if item.retain:
+                await self.core.processor.put_latest(
+                    self.core.caller,
+                    storage_topic(item.topic),
+                    item.topic.encode(),
+                    item.message if item.message.body else None,
+                )
+        for owner in woken:
+            owner.wake()
+
+    async def _append_again(self, requests: list[AppendRequest]) -> None:
+        """A topic of the append was deleted behind our back: create it again and
+        retry. In the separated form a topic just created (by another gateway, or by
+        a concurrent create here) may also be unknown to the routes for a moment,
+        until the storage nodes' next heartbeat reaches the nameservers: a few
+        retries then."""
+        for attempt in range(ROUTE_RETRIES):
+            self.core.topics.clear()
+            for request in requests:
+                for queue in request.queues:
+                    await self.core.ensure_topic(queue.topic)
+            try:
+                await self.core.processor.append(self.core.caller, requests)
+                return
+            except TopicNotFound:
+                if attempt == ROUTE_RETRIES - 1:
+                    raise
+                await asyncio.sleep(ROUTE_RETRY_S)
+
+    def _route(
+        self,
+        item: Outgoing,
+        queues: list[QueueRef],
+        memory: list[tuple[SessionOwner, Delivery]],
+        woken: list[SessionOwner],
+    ) -> None:
+        per_session: dict[str, tuple[Session, int, list[int], bool]] = {}
+        for _, value in self.core.index.match(item.topic):
+            if isinstance(value, SharedGroup):
+                queues.append(value.queue)
+                owner = value.next_owner()
+                if owner is not None:
+                    woken.append(owner)
+                continue
+            session, options = value
+            if options.no_local and session.client_id == item.publisher:
+                continue
+            seen = per_session.get(session.client_id)
+            ids = [options.subscription_id] if options.subscription_id else []
+            if seen is None:
+                per_session[session.client_id] = (
+                    session,
+                    options.qos,
+                    ids,
+                    options.retain_as_published,
+                )
+            else:
+                per_session[session.client_id] = (
+                    session,
+                    max(seen[1], options.qos),
+                    seen[2] + ids,
+                    seen[3] or options.retain_as_published,
+                )
+        for session, qos, ids, rap in per_session.values():
+            granted = min(qos, item.qos)
+            if session.queue is not None and granted > 0:
+                queues.append(session.queue)
+                if session.owner is not None:
+                    woken.append(session.owner)
+            elif session.owner is not None:
+                memory.append(
+                    (
+                        session.owner,
+                        Delivery(
+                            message=item.message,
+                            topic=item.topic,
+                            qos=granted,
+                            retain=item.retain and rap,
+                            subscription_ids=ids,
+                        ),
+                    )
+                )
+
+    def deliver_transient(self, topic: str, message: Message) -> None:
+        """Hand a QoS 0 message to online subscribers without storing it (``$SYS``)."""
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        item = Outgoing(message=message, topic=topic, qos=0, retain=False)
+        self._route(item, [], memory, [])
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+
+    async def retained(self, topic_filter: str) -> list[tuple[str, Message]]:
+        """Retained messages matching a (plain) filter, from the keyed latest values
+        of the storage topics the filter can reach."""
+        first = topic_filter.split("/", 1)[0]
+        if first in ("+", "#"):
+            names = [t.name for t in await self.core.processor.list_topics(self.core.caller)]
+            names = [n for n in names if not n.startswith("$")]
+        else:
+            names = [storage_topic(topic_filter)]
+        now = self.core.processor.clock.now_ms()
+        found = []
+        for name in names:
+            try:
+                values = await self.core.processor.list_latest(self.core.caller, name)
+            except StorageError:
+                continue
+            for key, message in values:
+                topic = key.decode("utf-8", "replace")
+                if message.expiry_ms is not None and message.expiry_ms <= now:
+                    continue
+                if filter_matches(topic_filter, topic):
+                    found.append((topic, message))
+        return found
+
+    # -- messages from the tails: other protocols', other gateways' ----------------
+
+    async def route_tail(self, topic: str, stored: list[StoredMessage], live: bool) -> None:
+        """What a tail of ``topic`` read (``live``: not a catch-up on a topic found
+        late, whose messages go to queues only)."""
+        if self.core.peers is None:
+            await self._route_foreign(topic, stored, live=live)
+        else:
+            await self._route_tailed(topic, stored, live=live)
+
+    async def _route_foreign(
+        self, topic: str, stored: list[StoredMessage], *, live: bool = True
+    ) -> None:
+        """Route messages produced by other protocols under the storage topic's name:
+        copied into the queues they reach, and when ``live`` from memory to online
+        subscribers."""
+        requests = []
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []
+        # Several gateways: every one hands its own online clients what they get from
+        # memory, and one (by the topic's hash) copies into queues (the pumps of
+        # sessions served elsewhere wait on their queue, see Outbound._pump).
+        copy = self.core.peers is None or self.core.peers.owns(topic)
+        for record in stored:
+            message = replace(
+                record.message,
+                properties=((interop.MQTT_TOPIC, topic.encode()), *record.message.properties),
+            )
+            item = Outgoing(message=message, topic=topic, qos=1, retain=False)
+            queues: list[QueueRef] = []
+            self._route(item, queues, memory, woken)
+            if queues and copy:
+                requests.append(AppendRequest(entry=message, queues=tuple(queues)))
+        if requests:  # copies of what its producer was metered for already
+            await self.core.processor.append(self.core.caller, requests, metered=False)
+        if live:
+            for owner, delivery in memory:
+                owner.deliver(delivery)
+        if copy:
+            for owner in woken:
+                owner.wake()
+
+    def not_ours(self, stored: StoredMessage) -> bool:
+        """What a gateway's tail routes: other protocols' messages, and MQTT publishes
+        another gateway stored (for this gateway's online clients)."""
+        assert self.core.peers is not None
+        if not from_mqtt(stored):
+            return True
+        stamp = stamp_of(stored)
+        return stamp is None or stamp[0] != self.core.peers.self_id
+
+    async def _route_tailed(
+        self, topic: str, stored: list[StoredMessage], *, live: bool = True
+    ) -> None:
+        foreign = [m for m in stored if not from_mqtt(m)]
+        if foreign:
+            await self._route_foreign(topic, foreign, live=live)
+        if live and len(foreign) < len(stored):
+            await self._route_peer(topic, [m for m in stored if from_mqtt(m)])
+
+    async def _route_peer(self, topic: str, stored: list[StoredMessage]) -> None:
+        """MQTT publishes another gateway stored: it put them into every queue it knew
+        they reach (session or shared) with the same append, so here they go to this
+        gateway's online clients from memory, and to the queues of subscriptions made
+        here that it did not know yet (:meth:`_missed`). The pumps of the queues need
+        no wake: they wait on the queues themselves (a queue's copy may be on another
+        storage node, and land after the topic's)."""
+        memory: list[tuple[SessionOwner, Delivery]] = []
+        woken: list[SessionOwner] = []  # ignored, as are the queues
+        requests = []
+        for record in stored:
+            message = record.message
+            item = Outgoing(
+                message=message,
+                topic=mqtt_topic_of(message, topic),
+                qos=published_qos(message),
+                retain=message.property(MQTT_RETAIN) == b"1",
+                publisher=message.producer,
+            )
+            self._route(item, [], memory, woken)
+            stamp = stamp_of(record)
+            missed = self._missed(item, stamp[1]) if stamp is not None else []
+            if missed:
+                requests.append(AppendRequest(entry=message, queues=tuple(missed)))
+        for owner, delivery in memory:
+            owner.deliver(delivery)
+        if requests:
+            await self.core.processor.append(self.core.caller, requests, metered=False)
+
+    def _missed(self, item: Outgoing, applied: int) -> list[QueueRef]:
+        """Queues of persistent sessions the publishing gateway did not route ``item``
+        to: every filter of theirs matching it was subscribed here and announced at or
+        after the events offset that gateway had applied when it stored the item
+        (``applied``, from its stamp). Only the gateway that announced those filters
+        knows that, so it alone makes the copy: exactly once."""
+        if item.qos == 0:
+            return []
+        missed: list[QueueRef] = []
+        for _, value in self.core.index.match(item.topic):
+            if isinstance(value, SharedGroup):
+                continue
+            session, options = value
+            queue = session.queue
+            if queue is None or not session.announced_at:
+                continue
+            if queue in missed or (options.no_local and session.client_id == item.publisher):
+                continue
+            matching = [
+                (f, o.qos)
+                for f, o in session.subscriptions.items()
+                if split_shared(f) is None and filter_matches(f, item.topic)
+            ]
+            unknown = all(session.announced_at.get(f, -1) >= applied for f, _ in matching)
+            if matching and unknown and any(qos > 0 for _, qos in matching):
+                missed.append(queue)
+        return missed
