@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-NODE_DIR := tests/node
+NODE_DIR := tests/nodejs
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
 .PHONY: run test lint typecheck unit bench fuzz clean conformance-reference
@@ -26,7 +26,14 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# mypy checks the product under its installed names (polymq.<folder>) through a tree
+# of links, since the folders themselves stay at the top of the repository.
+TYPECHECK_TREE := build/typecheck/polymq
+PACKAGES := gateway storage protocols nameserver navigation conformance
+
 typecheck: $(STAMP)
+	@mkdir -p $(TYPECHECK_TREE)
+	@for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/$$p; done
 	$(BIN)/mypy
 
 # pytest exits 5 when it collected no tests: for this project that is a broken suite,

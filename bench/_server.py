@@ -2,7 +2,7 @@
 until it listens, measure its CPU and memory, stop it.
 
 The benchmarks measure the server a user would run, so polymq is started through its
-own command (``python -m gateway run``), configured the way a user would configure it
+own command (``python -m polymq.gateway run``), configured the way a user would configure it
 (flags and ``POLYMQ_`` environment variables), with only the listener under test
 enabled: the others would cost start-up time and memory that no scenario uses. It runs
 in its own process so that its CPU time and RSS are its own, not the client's.
@@ -26,7 +26,7 @@ from typing import IO
 
 import psutil
 
-from gateway.config import ENV_PREFIX, LISTENER_NAMES
+from polymq.gateway.config import ENV_PREFIX, LISTENER_NAMES
 
 __all__ = [
     "Meter",
@@ -186,7 +186,7 @@ def polymq_server(
             # (tests run beside the benchmark): then try fresh ports, a bounded number
             # of times. Any other failure (a config error exits 2) is final.
             port = free_port()
-            command = [sys.executable, "-m", "gateway", "run", "--data-dir", str(data_dir)]
+            command = [sys.executable, "-m", "polymq.gateway", "run", "--data-dir", str(data_dir)]
             command += ["--durability", durability, "--log-level", "warning"]
             command += [f"--{listener.replace('_', '-')}-port", str(port)]
             for name in also:

@@ -10,7 +10,7 @@ One run, 100 B records, acks=all, linger 5 ms:
    six topics (spread over the nodes by the nameserver), six producers, three through
    each gateway, records/s together, and the CPU every process of the form used.
 
-Every process is real (``python -m gateway ...``), on free ports; each scenario is
+Every process is real (``python -m polymq.gateway ...``), on free ports; each scenario is
 bounded in count and time. On a 2-core machine the nodes, gateways and clients share
 the same cores: more nodes cannot add CPU, so compare the cost per record.
 
@@ -36,8 +36,8 @@ from confluent_kafka.cimpl import NewTopic
 
 from bench import kafka as kafka_bench
 from bench._server import polymq_server
-from gateway.cluster_tool import LocalCluster, layout
-from gateway.config import ENV_PREFIX
+from polymq.gateway.cluster_tool import LocalCluster, layout
+from polymq.gateway.config import ENV_PREFIX
 
 SIZE = 100
 PRODUCE_COUNT = 100_000

@@ -207,7 +207,7 @@ async def main_async(quick: bool, durability: str) -> None:
         base, meter = f"http://{server.address}", Meter(server.pid)
         async with httpx.AsyncClient(base_url=base) as admin:
             (await admin.put("/queues/bench")).raise_for_status()
-        from protocols.http.listener import HTTP_PARSER
+        from polymq.protocols.http.listener import HTTP_PARSER
 
         print(
             f"server pid {server.pid}; durability {durability}; {CONCURRENCY} keep-alive "

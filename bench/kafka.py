@@ -177,9 +177,9 @@ def run(bootstrap: str, meter: Meter, produce_counts: dict[int, int]) -> list[st
 
 async def engine_replay(data_dir: Path, topics: list[str]) -> None:
     """Append the batches the server stored, as stored, into a fresh engine."""
-    import protocols.kafka  # noqa: F401  (the kafka.v2 expander)
-    from storage.engine import Engine, EngineConfig
-    from storage.model import AppendRequest, BatchEntry, QueueRef
+    import polymq.protocols.kafka  # noqa: F401  (the kafka.v2 expander)
+    from polymq.storage.engine import Engine, EngineConfig
+    from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
     print(f"{'engine raw append (same batches)':<36} {'size':>5} {'batches':>8} {'MB/s':>9}")
     for size, topic in zip(SIZES, topics, strict=True):

@@ -281,7 +281,7 @@ def topic_index(subscriptions: int = 100_000, lookups: int = 20_000) -> Row:
     ``subscriptions`` filters (70% exact, 30% with + or #)."""
     import random
 
-    from protocols.mqtt.topic_filter_index import TopicFilterIndex
+    from polymq.protocols.mqtt.topic_filter_index import TopicFilterIndex
 
     rng = random.Random(1)
     index: TopicFilterIndex[int] = TopicFilterIndex()

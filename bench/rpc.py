@@ -33,11 +33,11 @@ from typing import Any
 import grpc
 
 from bench._stats import p50_p99_ms
-from storage.engine import Durability, Engine, EngineConfig
-from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef
-from storage.node import StorageNode
-from storage.remote import RemoteStorage
-from storage.rpc import RpcClient, RpcServer
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef
+from polymq.storage.node import StorageNode
+from polymq.storage.remote import RemoteStorage
+from polymq.storage.rpc import RpcClient, RpcServer
 
 ROOT = Path(__file__).resolve().parents[1]
 PAYLOAD = b"x" * 16

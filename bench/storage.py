@@ -40,8 +40,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._stats import percentile  # noqa: E402
-from storage.engine import Durability, Engine, EngineConfig  # noqa: E402
-from storage.model import (  # noqa: E402
+from polymq.storage.engine import Durability, Engine, EngineConfig  # noqa: E402
+from polymq.storage.model import (  # noqa: E402
     DEFAULT_NAMESPACE,
     AppendRequest,
     BatchEntry,

@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from conformance import report
-from conformance.cases import PROTOCOLS, cases_for
-from conformance.profiles import PROFILES
-from conformance.results import CaseResult, Outcome
-from conformance.runner import DEFAULT_PORTS, Target, run_cases
+from polymq.conformance import report
+from polymq.conformance.cases import PROTOCOLS, cases_for
+from polymq.conformance.profiles import PROFILES
+from polymq.conformance.results import CaseResult, Outcome
+from polymq.conformance.runner import DEFAULT_PORTS, Target, run_cases
 
 __all__ = ["build_parser", "main", "write_reports"]
 
@@ -109,7 +109,7 @@ def _interop(
     protocol rows already gathered still get reported)."""
     started = time.monotonic()
     try:
-        from conformance.interop.matrix import run_matrix
+        from polymq.conformance.interop.matrix import run_matrix
 
         return run_matrix(target.host, target.ports, protocols=protocols, on_result=progress)
     except Exception as e:

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from conformance.report import comparison_markdown
-from conformance.results import CaseResult, Outcome
+from polymq.conformance.report import comparison_markdown
+from polymq.conformance.results import CaseResult, Outcome
 
 __all__ = ["load_results", "main"]
 

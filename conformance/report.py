@@ -12,7 +12,7 @@ import collections
 import html
 from collections.abc import Iterable, Mapping, Sequence
 
-from conformance.results import CaseResult, Outcome
+from polymq.conformance.results import CaseResult, Outcome
 
 __all__ = ["comparison_markdown", "html_page", "markdown", "summary", "text_table"]
 

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
-from conformance.results import CaseResult, Outcome
+from polymq.conformance.results import CaseResult, Outcome
 
 __all__ = [
     "DEFAULT_PORTS",

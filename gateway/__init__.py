@@ -4,7 +4,7 @@ Protocol adapters use :class:`Processor` (with a :class:`Caller`) and nothing be
 the server bootstrap composes a :class:`Gateway` from a :class:`GatewayConfig`.
 """
 
-from gateway.accounts import (
+from polymq.gateway.accounts import (
     ANONYMOUS,
     AccessDenied,
     AccessKey,
@@ -13,15 +13,15 @@ from gateway.accounts import (
     AuthError,
     Principal,
 )
-from gateway.config import ConfigError, GatewayConfig, engine_config, load_config
-from gateway.connections import (
+from polymq.gateway.config import ConfigError, GatewayConfig, engine_config, load_config
+from polymq.gateway.connections import (
     Connection,
     ConnectionRegistry,
     TooManyConnections,
     current_connection_id,
 )
-from gateway.gateway import Gateway
-from gateway.listeners import (
+from polymq.gateway.gateway import Gateway
+from polymq.gateway.listeners import (
     ConnectionHandler,
     Listener,
     ListenerContext,
@@ -29,8 +29,8 @@ from gateway.listeners import (
     ListenerSet,
     TcpListener,
 )
-from gateway.metering import Metering, Usage, render_prometheus
-from gateway.processor import Caller, Processor
+from polymq.gateway.metering import Metering, Usage, render_prometheus
+from polymq.gateway.processor import Caller, Processor
 
 __all__ = [
     "ANONYMOUS",

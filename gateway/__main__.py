@@ -1,7 +1,7 @@
-"""``python -m gateway``: the ``polymq`` command without installing the package."""
+"""``python -m polymq.gateway``: the ``polymq`` command, without its script on PATH."""
 
 import sys
 
-from gateway.cli import main
+from polymq.gateway.cli import main
 
 sys.exit(main())

@@ -9,8 +9,8 @@ from __future__ import annotations
 import hmac
 from dataclasses import dataclass
 
-from gateway.config import AccountConfig, AuthConfig
-from storage.model import DEFAULT_NAMESPACE
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.storage.model import DEFAULT_NAMESPACE
 
 __all__ = [
     "ANONYMOUS",

@@ -21,24 +21,24 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
-from gateway.config import ConfigError, GatewayConfig, engine_config
-from gateway.gateway import Gateway
-from gateway.listeners import ListenerFactory
-from gateway.roles import register_batch_formats
-from nameserver.client import NameserverClient
-from navigation.directory import NavigationDirectory
-from navigation.endpoints import GatewayDirectory
-from protocols.amqp.listener import amqp_listener
-from protocols.http.listener import http_listener
-from protocols.kafka.listener import kafka_listener
-from protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
-from protocols.rocketmq.listener import rocketmq_listener
-from storage.api import StorageAPI
-from storage.clock import Clock, SystemClock
-from storage.cluster import ClusterStorage
-from storage.engine import Engine
-from storage.memory import MemoryEngine
-from storage.remote import RemoteStorage
+from polymq.gateway.config import ConfigError, GatewayConfig, engine_config
+from polymq.gateway.gateway import Gateway
+from polymq.gateway.listeners import ListenerFactory
+from polymq.gateway.roles import register_batch_formats
+from polymq.nameserver.client import NameserverClient
+from polymq.navigation.directory import NavigationDirectory
+from polymq.navigation.endpoints import GatewayDirectory
+from polymq.protocols.amqp.listener import amqp_listener
+from polymq.protocols.http.listener import http_listener
+from polymq.protocols.kafka.listener import kafka_listener
+from polymq.protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
+from polymq.protocols.rocketmq.listener import rocketmq_listener
+from polymq.storage.api import StorageAPI
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.engine import Engine
+from polymq.storage.memory import MemoryEngine
+from polymq.storage.remote import RemoteStorage
 
 __all__ = [
     "SCHEMES",

@@ -13,7 +13,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from gateway.config import ENV_PREFIX, LISTENER_NAMES, ConfigError, GatewayConfig, load_config
+from polymq.gateway.config import (
+    ENV_PREFIX,
+    LISTENER_NAMES,
+    ConfigError,
+    GatewayConfig,
+    load_config,
+)
 
 __all__ = ["build_parser", "main"]
 
@@ -247,12 +253,12 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help", "--version")):
         argv.insert(0, "run")
     if argv[0] == "conformance":  # its own parser, its own --help
-        from conformance.cli import main as conformance
+        from polymq.conformance.cli import main as conformance
 
         return conformance(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command == "cluster":
-        from gateway import cluster_tool
+        from polymq.gateway import cluster_tool
 
         if args.action == "up":
             return cluster_tool.up(args)
@@ -271,7 +277,7 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _serve(command: str, config: GatewayConfig) -> int:
     """Run one process of either form in the foreground. The imports stay here: each
     pulls in only what its process needs, and ``--help`` none of it."""
-    from gateway.server import run, run_foreground
+    from polymq.gateway.server import run, run_foreground
 
     if command == "run":
         return run(config)
@@ -281,7 +287,7 @@ def _serve(command: str, config: GatewayConfig) -> int:
             return 2
         return run(config)
     if command == "storage":
-        from gateway.roles import serve_node
+        from polymq.gateway.roles import serve_node
 
         return run_foreground(
             lambda stop: serve_node(config, stop),
@@ -289,14 +295,14 @@ def _serve(command: str, config: GatewayConfig) -> int:
             what="polymq storage node starting (",
         )
     if command == "nameserver":
-        from gateway.roles import serve_nameserver
+        from polymq.gateway.roles import serve_nameserver
 
         return run_foreground(
             lambda stop: serve_nameserver(config, stop),
             log_level=config.server.log_level,
             what="polymq nameserver starting (",
         )
-    from gateway.roles import serve_navigation
+    from polymq.gateway.roles import serve_navigation
 
     return run_foreground(
         lambda stop: serve_navigation(config, stop),

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from storage.routes import RouteTable
+from polymq.storage.routes import RouteTable
 
 __all__ = ["render", "show"]
 
@@ -73,8 +73,8 @@ async def show(nameserver: str, navigation: str) -> int:
     down is reported, not fatal)."""
     import time
 
-    from nameserver.client import NameserverClient
-    from storage.errors import StorageError
+    from polymq.nameserver.client import NameserverClient
+    from polymq.storage.errors import StorageError
 
     client = NameserverClient([nameserver])
     try:

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from gateway.config import LISTENER_NAMES, GatewayConfig
+from polymq.gateway.config import LISTENER_NAMES, GatewayConfig
 
 __all__ = ["LocalCluster", "ProcessSpec", "layout", "status", "up"]
 
@@ -132,7 +132,7 @@ class _Child:
         self.process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "gateway",
+            "polymq.gateway",
             *args,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT,
@@ -306,6 +306,6 @@ def up(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from gateway.cluster_status import show
+    from polymq.gateway.cluster_status import show
 
     return asyncio.run(show(args.nameserver, args.navigation))

@@ -18,10 +18,10 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
-from storage.model import DEFAULT_NAMESPACE
+from polymq.storage.model import DEFAULT_NAMESPACE
 
 if TYPE_CHECKING:
-    from storage.engine.config import EngineConfig
+    from polymq.storage.engine.config import EngineConfig
 
 __all__ = [
     "ENV_PREFIX",
@@ -318,7 +318,7 @@ def load_config(
 def engine_config(config: GatewayConfig) -> EngineConfig:
     """The embedded engine's settings from the gateway's. Imported here, not at module
     top, so the gateway's config loads without the storage engine."""
-    from storage.engine.config import Durability, EngineConfig
+    from polymq.storage.engine.config import Durability, EngineConfig
 
     s = config.storage
     return EngineConfig(

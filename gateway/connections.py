@@ -17,9 +17,9 @@ import logging
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, replace
 
-from gateway.accounts import Principal
-from gateway.metering import Metering
-from storage.clock import Clock
+from polymq.gateway.accounts import Principal
+from polymq.gateway.metering import Metering
+from polymq.storage.clock import Clock
 
 __all__ = [
     "CloseCallback",

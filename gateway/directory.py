@@ -4,7 +4,7 @@ the protocols, which reach it through their listener context."""
 
 from __future__ import annotations
 
-from navigation.endpoints import (
+from polymq.navigation.endpoints import (
     GatewayDirectory,
     GatewayEndpoint,
     RegisteredDirectory,

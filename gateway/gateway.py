@@ -12,28 +12,28 @@ import contextlib
 import logging
 from collections.abc import Callable, Mapping
 
-from gateway.accounts import Accounts
-from gateway.config import GatewayConfig
-from gateway.connections import ConnectionRegistry
-from gateway.directory import (
+from polymq.gateway.accounts import Accounts
+from polymq.gateway.config import GatewayConfig
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.directory import (
     GatewayDirectory,
     GatewayEndpoint,
     RegisteredDirectory,
     SingleGateway,
 )
-from gateway.fairness import FrameBudget
-from gateway.listeners import (
+from polymq.gateway.fairness import FrameBudget
+from polymq.gateway.listeners import (
     Listener,
     ListenerContext,
     ListenerFactory,
     ListenerSet,
 )
-from gateway.metering import Metering
-from gateway.processor import Processor
-from storage.api import StorageAPI
-from storage.clock import Clock, SystemClock
-from storage.errors import NamespaceAlreadyExists
-from storage.lifecycle import Service
+from polymq.gateway.metering import Metering
+from polymq.gateway.processor import Processor
+from polymq.storage.api import StorageAPI
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.errors import NamespaceAlreadyExists
+from polymq.storage.lifecycle import Service
 
 __all__ = ["Gateway"]
 

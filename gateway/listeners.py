@@ -12,17 +12,17 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from gateway.accounts import Accounts
-from gateway.config import GatewayConfig
-from gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
-from gateway.directory import GatewayDirectory
-from gateway.fairness import FrameBudget
-from gateway.metering import Metering
-from storage.clock import Clock
-from storage.lifecycle import Service
+from polymq.gateway.accounts import Accounts
+from polymq.gateway.config import GatewayConfig
+from polymq.gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
+from polymq.gateway.directory import GatewayDirectory
+from polymq.gateway.fairness import FrameBudget
+from polymq.gateway.metering import Metering
+from polymq.storage.clock import Clock
+from polymq.storage.lifecycle import Service
 
 if TYPE_CHECKING:
-    from gateway.processor import Processor
+    from polymq.gateway.processor import Processor
 
 __all__ = [
     "ConnectionHandler",

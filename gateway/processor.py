@@ -15,11 +15,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.accounts import AccessDenied, Accounts, Principal
-from gateway.metering import Metering
-from storage import api
-from storage.clock import Clock
-from storage.model import (
+from polymq.gateway.accounts import AccessDenied, Accounts, Principal
+from polymq.gateway.metering import Metering
+from polymq.storage import api
+from polymq.storage.clock import Clock
+from polymq.storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,

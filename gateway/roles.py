@@ -11,13 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway.config import GatewayConfig, engine_config
-from nameserver.server import Nameserver
-from navigation.server import NavigationServer
-from protocols.kafka.records import BATCH_FORMAT, expand_batch
-from storage import batch_formats
-from storage.engine import Engine
-from storage.node import StorageNode
+from polymq.gateway.config import GatewayConfig, engine_config
+from polymq.nameserver.server import Nameserver
+from polymq.navigation.server import NavigationServer
+from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
+from polymq.storage import batch_formats
+from polymq.storage.engine import Engine
+from polymq.storage.node import StorageNode
 
 __all__ = ["register_batch_formats", "serve_nameserver", "serve_navigation", "serve_node"]
 

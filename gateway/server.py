@@ -12,10 +12,10 @@ import signal
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
-from gateway.assembly import build_gateway, storage_url
-from gateway.config import GatewayConfig
-from gateway.listeners import ListenerFactory
-from storage.errors import StorageError
+from polymq.gateway.assembly import build_gateway, storage_url
+from polymq.gateway.config import GatewayConfig
+from polymq.gateway.listeners import ListenerFactory
+from polymq.storage.errors import StorageError
 
 __all__ = ["configure_logging", "run", "run_foreground", "serve"]
 

@@ -10,7 +10,7 @@ Only the pure modules are imported here: the storage RPC codec imports
 RPC, so importing them from this package would make a cycle.
 """
 
-from nameserver.registry import Registry
-from storage.routes import NodeHeartbeat, NodeStatus, RouteTable, TopicKey
+from polymq.nameserver.registry import Registry
+from polymq.storage.routes import NodeHeartbeat, NodeStatus, RouteTable, TopicKey
 
 __all__ = ["NodeHeartbeat", "NodeStatus", "Registry", "RouteTable", "TopicKey"]

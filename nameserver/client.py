@@ -12,9 +12,9 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from storage.errors import StorageUnavailable
-from storage.routes import NodeHeartbeat, RouteTable
-from storage.rpc import RpcClient
+from polymq.storage.errors import StorageUnavailable
+from polymq.storage.routes import NodeHeartbeat, RouteTable
+from polymq.storage.rpc import RpcClient
 
 __all__ = ["NameserverClient", "parse_address"]
 

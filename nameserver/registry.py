@@ -20,8 +20,8 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
-from storage.errors import InvalidArgument, StorageUnavailable
-from storage.routes import NodeHeartbeat, NodeStatus, RouteTable, TopicKey
+from polymq.storage.errors import InvalidArgument, StorageUnavailable
+from polymq.storage.routes import NodeHeartbeat, NodeStatus, RouteTable, TopicKey
 
 __all__ = ["DEFAULT_PENDING_MS", "Registry"]
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import logging
 
-from nameserver.registry import Registry
-from storage.clock import Clock, SystemClock
-from storage.errors import InvalidArgument
-from storage.lifecycle import Service
-from storage.names import check_name
-from storage.routes import NodeHeartbeat, RouteTable
-from storage.rpc import Handler, RpcServer
+from polymq.nameserver.registry import Registry
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.lifecycle import Service
+from polymq.storage.names import check_name
+from polymq.storage.routes import NodeHeartbeat, RouteTable
+from polymq.storage.rpc import Handler, RpcServer
 
 __all__ = ["Nameserver", "NameserverService"]
 

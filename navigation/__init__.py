@@ -6,6 +6,6 @@ and zone, least loaded first (docs/architecture.md, docs/cluster.md).
 cached view of it (``NavigationDirectory``).
 """
 
-from navigation.registry import GatewayRecord, GatewayRegistry, Listener
+from polymq.navigation.registry import GatewayRecord, GatewayRegistry, Listener
 
 __all__ = ["GatewayRecord", "GatewayRegistry", "Listener"]

@@ -14,8 +14,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from navigation.registry import GatewayRegistry, Listener
-from storage.clock import Clock
+from polymq.navigation.registry import GatewayRegistry, Listener
+from polymq.storage.clock import Clock
 
 __all__ = ["build_app"]
 

@@ -19,8 +19,8 @@ from urllib.parse import quote
 
 import httpx
 
-from navigation.endpoints import GatewayEndpoint
-from storage.lifecycle import Service
+from polymq.navigation.endpoints import GatewayEndpoint
+from polymq.storage.lifecycle import Service
 
 __all__ = ["NavigationDirectory"]
 

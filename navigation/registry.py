@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from navigation.endpoints import GatewayEndpoint
+from polymq.navigation.endpoints import GatewayEndpoint
 
 __all__ = ["GatewayRecord", "GatewayRegistry", "Listener"]
 

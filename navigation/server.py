@@ -15,10 +15,10 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from navigation.app import build_app
-from navigation.registry import GatewayRegistry
-from storage.clock import Clock, SystemClock
-from storage.lifecycle import Service
+from polymq.navigation.app import build_app
+from polymq.navigation.registry import GatewayRegistry
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.lifecycle import Service
 
 __all__ = ["NavigationServer"]
 

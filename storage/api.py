@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from storage.errors import InvalidArgument
-from storage.model import (
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,
@@ -29,7 +29,7 @@ from storage.model import (
     TopicConfig,
     TopicInfo,
 )
-from storage.names import check_name
+from polymq.storage.names import check_name
 
 __all__ = [
     "DEFAULT_INVISIBLE_MS",

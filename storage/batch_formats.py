@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from storage.errors import InvalidArgument
-from storage.model import Message
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.model import Message
 
 __all__ = ["Expander", "expand", "is_registered", "register"]
 

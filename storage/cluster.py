@@ -30,14 +30,14 @@ import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from storage import api
-from storage.clock import Clock, SystemClock
-from storage.cluster_append import SpreadAppends
-from storage.cluster_homes import Homes
-from storage.cluster_pop import Overflow, ack_spread, pop_spread, with_prefix
-from storage.cluster_router import Router, answers
-from storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
-from storage.errors import (
+from polymq.storage import api
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.cluster_append import SpreadAppends
+from polymq.storage.cluster_homes import Homes
+from polymq.storage.cluster_pop import Overflow, ack_spread, pop_spread, with_prefix
+from polymq.storage.cluster_router import Router, answers
+from polymq.storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
+from polymq.storage.errors import (
     InvalidArgument,
     NamespaceAlreadyExists,
     NamespaceNotFound,
@@ -48,7 +48,7 @@ from storage.errors import (
     TopicNotFound,
     TransactionNotFound,
 )
-from storage.model import (
+from polymq.storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,
@@ -64,7 +64,7 @@ from storage.model import (
     TopicConfig,
     TopicInfo,
 )
-from storage.names import check_name
+from polymq.storage.names import check_name
 
 __all__ = ["ClusterStorage", "NodeClient", "RouteSource"]
 

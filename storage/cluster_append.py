@@ -14,13 +14,13 @@ import asyncio
 import secrets
 from collections.abc import Sequence
 
-from storage.api import check_append_queues
-from storage.clock import Clock
-from storage.cluster_router import Router
-from storage.cluster_routes import Node
-from storage.engine.ids import MessageIds
-from storage.errors import StorageUnavailable
-from storage.model import AppendRequest, AppendResult, QueueRef
+from polymq.storage.api import check_append_queues
+from polymq.storage.clock import Clock
+from polymq.storage.cluster_router import Router
+from polymq.storage.cluster_routes import Node
+from polymq.storage.engine.ids import MessageIds
+from polymq.storage.errors import StorageUnavailable
+from polymq.storage.model import AppendRequest, AppendResult, QueueRef
 
 __all__ = ["SpreadAppends", "merge"]
 

@@ -16,16 +16,16 @@ import contextlib
 import logging
 from typing import TypeVar
 
-from storage.clock import Clock
-from storage.cluster_router import NodeCall, Router
-from storage.cluster_routes import Node
-from storage.errors import (
+from polymq.storage.clock import Clock
+from polymq.storage.cluster_router import NodeCall, Router
+from polymq.storage.cluster_routes import Node
+from polymq.storage.errors import (
     NamespaceAlreadyExists,
     NamespaceNotFound,
     StorageError,
     StorageUnavailable,
 )
-from storage.model import GroupConfig
+from polymq.storage.model import GroupConfig
 
 __all__ = ["Homes"]
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 
-from storage.cluster_routes import Node, RouteCache
-from storage.errors import InvalidReceipt, StorageUnavailable
-from storage.model import QueueRef, StoredMessage
+from polymq.storage.cluster_routes import Node, RouteCache
+from polymq.storage.errors import InvalidReceipt, StorageUnavailable
+from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["Overflow", "ack_spread", "pop_spread", "with_prefix"]
 

@@ -16,17 +16,17 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
-from storage.clock import Clock
-from storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
-from storage.errors import (
+from polymq.storage.clock import Clock
+from polymq.storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
+from polymq.storage.errors import (
     InvalidReceipt,
     QueueNotFound,
     StorageError,
     StorageUnavailable,
     TopicNotFound,
 )
-from storage.lifecycle import TaskSet
-from storage.model import AppendRequest, QueueRef
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import AppendRequest, QueueRef
 
 __all__ = ["NodeCall", "Router", "answers"]
 

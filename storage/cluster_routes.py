@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable
 from typing import Protocol
 
-from storage.api import StorageAPI
-from storage.errors import StorageUnavailable
-from storage.routes import NodeStatus, RouteTable
+from polymq.storage.api import StorageAPI
+from polymq.storage.errors import StorageUnavailable
+from polymq.storage.routes import NodeStatus, RouteTable
 
 __all__ = ["Connect", "Node", "NodeClient", "RouteCache", "RouteSource"]
 

@@ -17,8 +17,8 @@ import tempfile
 import weakref
 from pathlib import Path
 
-from storage.clock import Clock
-from storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.clock import Clock
+from polymq.storage.engine import Durability, Engine, EngineConfig
 
 __all__ = ["MemoryEngine"]
 

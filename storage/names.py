@@ -8,7 +8,7 @@ over-long names and control characters are refused.
 
 from __future__ import annotations
 
-from storage.errors import InvalidName
+from polymq.storage.errors import InvalidName
 
 __all__ = ["MAX_NAME_BYTES", "check_name"]
 

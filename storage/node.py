@@ -21,15 +21,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from nameserver.client import NameserverClient
-from storage.api import StorageAPI
-from storage.engine import Engine
-from storage.engine.ids import load_node_id
-from storage.errors import NamespaceAlreadyExists
-from storage.lifecycle import Service
-from storage.names import check_name
-from storage.routes import NodeHeartbeat
-from storage.rpc import Handler, RpcServer
+from polymq.nameserver.client import NameserverClient
+from polymq.storage.api import StorageAPI
+from polymq.storage.engine import Engine
+from polymq.storage.engine.ids import load_node_id
+from polymq.storage.errors import NamespaceAlreadyExists
+from polymq.storage.lifecycle import Service
+from polymq.storage.names import check_name
+from polymq.storage.routes import NodeHeartbeat
+from polymq.storage.rpc import Handler, RpcServer
 
 __all__ = ["SERVED_METHODS", "StorageNode"]
 

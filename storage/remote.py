@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
-from storage import api
-from storage.model import (
+from polymq.storage import api
+from polymq.storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,
@@ -30,8 +30,8 @@ from storage.model import (
     TopicConfig,
     TopicInfo,
 )
-from storage.routes import NodeHeartbeat
-from storage.rpc import RpcClient
+from polymq.storage.routes import NodeHeartbeat
+from polymq.storage.rpc import RpcClient
 
 __all__ = ["RemoteStorage"]
 

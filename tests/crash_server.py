@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 
-from gateway.config import ENV_PREFIX, LISTENER_NAMES
+from polymq.gateway.config import ENV_PREFIX, LISTENER_NAMES
 
 __all__ = ["crash_server", "free_port"]
 
@@ -109,7 +109,11 @@ def crash_server(
     env = _env(listener, settings or {})
     for attempt in range(1, PORT_ATTEMPTS + 1):
         chosen = port or free_port()
-        command = [sys.executable, "-c", "from gateway.cli import main; raise SystemExit(main())"]
+        command = [
+            sys.executable,
+            "-c",
+            "from polymq.gateway.cli import main; raise SystemExit(main())",
+        ]
         command += ["run", "--data-dir", str(data_dir), "--log-level", "warning"]
         command += [f"--{listener.replace('_', '-')}-port", str(chosen)]
         if durability is not None:

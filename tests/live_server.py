@@ -18,20 +18,20 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from gateway.assembly import build_gateway, protocol_listeners
-from gateway.config import (
+from polymq.gateway.assembly import build_gateway, protocol_listeners
+from polymq.gateway.config import (
     GatewayConfig,
     ListenerConfig,
     ListenersConfig,
     engine_config,
     load_config,
 )
-from gateway.directory import GatewayEndpoint
-from gateway.gateway import Gateway
-from gateway.listeners import ListenerFactory
-from storage.api import StorageAPI
-from storage.engine import Engine
-from storage.errors import StorageUnavailable
+from polymq.gateway.directory import GatewayEndpoint
+from polymq.gateway.gateway import Gateway
+from polymq.gateway.listeners import ListenerFactory
+from polymq.storage.api import StorageAPI
+from polymq.storage.engine import Engine
+from polymq.storage.errors import StorageUnavailable
 
 __all__ = ["LiveServer", "SharedStorage", "live_gateways", "live_server", "server_form"]
 
@@ -87,8 +87,8 @@ async def _start_storage_pool(
     """The separated form's storage side, in this loop on free ports: a nameserver and
     ``_STORAGE_NODES`` storage nodes with data folders under ``data_dir`` (so a restart
     over the same folder finds its data). Returns the nameserver's address."""
-    from nameserver.server import Nameserver
-    from storage.node import StorageNode
+    from polymq.nameserver.server import Nameserver
+    from polymq.storage.node import StorageNode
 
     nameserver = Nameserver(host="127.0.0.1", port=0, node_expiry_ms=10 * _HEARTBEAT_MS)
     await stack.enter_async_context(nameserver)

@@ -31,6 +31,7 @@ from pathlib import Path
 ONE_FORM = True  # reads source files; starts no server
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("storage", "nameserver", "navigation", "gateway", "protocols", "conformance")
+NAMESPACE = "polymq."  # every package installs under it
 
 # The longest dotted prefix wins; a key ending in * matches by name prefix.
 LAYERS: dict[str, int] = {
@@ -130,8 +131,9 @@ def import_graph(*, runtime_only: bool = False) -> dict[str, set[str]]:
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [f"{node.module}.{alias.name}" for alias in node.names]
             for name in names:
-                if _package_prefix(name) not in PACKAGES:
+                if not name.startswith(NAMESPACE):
                     continue
+                name = name.removeprefix(NAMESPACE)
                 for target in _resolve(name, modules):
                     # A package's own modules run after its __init__: not an edge back.
                     if target != source and not source.startswith(target + "."):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 from collections.abc import Sequence
 
-from conformance.runner import Case, Registry
+from polymq.conformance.runner import Case, Registry
 
 __all__ = ["PROTOCOLS", "cases_for"]
 

@@ -1,4 +1,4 @@
-"""Runs a node client script (``tests/node/conformance_*.js``) for a case: the node
+"""Runs a node client script (``tests/nodejs/conformance_*.js``) for a case: the node
 clients live with the repository's tests, where ``npm ci`` installs them. Without node
 or those modules the case is not applicable rather than failed."""
 
@@ -10,11 +10,11 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from conformance.runner import NotApplicable
+from polymq.conformance.runner import NotApplicable
 
 __all__ = ["run_node"]
 
-NODE_DIR = Path(__file__).resolve().parents[2] / "tests" / "node"
+NODE_DIR = Path(__file__).resolve().parents[2] / "tests" / "nodejs"
 
 
 def run_node(script: str, *args: str, timeout: float = 45.0) -> dict[str, Any]:
@@ -22,7 +22,7 @@ def run_node(script: str, *args: str, timeout: float = 45.0) -> dict[str, Any]:
     exits non-zero."""
     node = shutil.which("node")
     if node is None or not (NODE_DIR / "node_modules").is_dir():
-        raise NotApplicable("node or tests/node/node_modules is not installed")
+        raise NotApplicable("node or tests/nodejs/node_modules is not installed")
     done = subprocess.run(
         [node, str(NODE_DIR / script), *args],
         cwd=NODE_DIR,

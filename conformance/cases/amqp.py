@@ -13,7 +13,7 @@ import pika
 import pika.exceptions
 from pika.adapters.blocking_connection import BlockingChannel
 
-from conformance.runner import NotApplicable, Registry, Target, wait_until
+from polymq.conformance.runner import NotApplicable, Registry, Target, wait_until
 
 registry = Registry("amqp")
 case = registry.case
@@ -454,7 +454,7 @@ def amqplib_roundtrip(t: Target) -> None:
     back redelivered, ack."""
     from urllib.parse import quote
 
-    from conformance.cases._node import run_node
+    from polymq.conformance.cases._node import run_node
 
     user, password = quote(t.user or "guest", safe=""), quote(t.password or "guest", safe="")
     vhost = "" if t.vhost == "/" else quote(t.vhost, safe="")

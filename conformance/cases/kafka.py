@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Produ
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from conformance.runner import NotApplicable, Registry, Target
+from polymq.conformance.runner import NotApplicable, Registry, Target
 
 registry = Registry("kafka")
 case = registry.case
@@ -435,7 +435,7 @@ def metadata_all_topics(t: Target) -> None:
 def kafkajs_roundtrip(t: Target) -> None:
     """kafkajs (node): create a topic, produce keyed records with headers, consume them in
     a group, delete the topic."""
-    from conformance.cases._node import run_node
+    from polymq.conformance.cases._node import run_node
 
     creds = [t.user, t.password or ""] if t.user is not None else []
     topic = _topic_name(t)

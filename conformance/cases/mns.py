@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from typing import Any
 
-from conformance.runner import NotApplicable, Registry, Target
+from polymq.conformance.runner import NotApplicable, Registry, Target
 
 registry = Registry("mns")
 case = registry.case

@@ -23,7 +23,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
-from conformance.runner import NotApplicable, NotOffered, Registry, Target
+from polymq.conformance.runner import NotApplicable, NotOffered, Registry, Target
 
 registry = Registry("mqtt")
 case = registry.case
@@ -539,7 +539,7 @@ async def amqtt_roundtrip(t: Target) -> None:
 
 
 def _mqtt_js(t: Target, level: int, max_qos: int) -> dict[str, Any]:
-    from conformance.cases._node import run_node
+    from polymq.conformance.cases._node import run_node
 
     creds = [t.user, t.password or ""] if t.user is not None else []
     url = f"mqtt://{t.host}:{t.port('mqtt')}"

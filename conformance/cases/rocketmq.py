@@ -21,7 +21,7 @@ from rocketmq import (
     TransactionResolution,
 )
 
-from conformance.runner import NotApplicable, Registry, Target
+from polymq.conformance.runner import NotApplicable, Registry, Target
 
 registry = Registry("rocketmq")
 case = registry.case
@@ -264,7 +264,7 @@ def send_async(t: Target) -> None:
 @case("send-receive-ack", "rocketmq-nodejs")
 def node_roundtrip(t: Target) -> None:
     """rocketmq-client-nodejs: send with tag, keys and a property; receive and ack."""
-    from conformance.cases._node import run_node
+    from polymq.conformance.cases._node import run_node
 
     creds = [t.access_key, t.secret_key or ""] if t.access_key else []
     endpoint = f"{t.host}:{t.port('rocketmq')}"

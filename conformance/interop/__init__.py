@@ -2,6 +2,6 @@
 message with a body, a key, a tag, user properties and a content type, checked against
 the mapping docs/interop.md writes down."""
 
-from conformance.interop.matrix import run_matrix
+from polymq.conformance.interop.matrix import run_matrix
 
 __all__ = ["run_matrix"]

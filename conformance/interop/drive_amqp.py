@@ -11,9 +11,9 @@ from typing import Any
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
-from conformance.interop.driver import poll
-from conformance.interop.fields import Arrived, Sent
-from protocols import interop
+from polymq.conformance.interop.driver import poll
+from polymq.conformance.interop.fields import Arrived, Sent
+from polymq.protocols import interop
 
 __all__ = ["AmqpDriver"]
 

@@ -11,9 +11,9 @@ from kafka import KafkaAdminClient, KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.admin import NewTopic
 from kafka.errors import TopicAlreadyExistsError
 
-from conformance.interop.driver import poll
-from conformance.interop.fields import Arrived, Sent
-from protocols import interop
+from polymq.conformance.interop.driver import poll
+from polymq.conformance.interop.fields import Arrived, Sent
+from polymq.protocols import interop
 
 __all__ = ["KafkaDriver"]
 

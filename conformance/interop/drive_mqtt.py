@@ -14,9 +14,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from conformance.interop.driver import poll
-from conformance.interop.fields import Arrived, Sent
-from protocols import interop
+from polymq.conformance.interop.driver import poll
+from polymq.conformance.interop.fields import Arrived, Sent
+from polymq.protocols import interop
 
 __all__ = ["MqttDriver"]
 

@@ -17,9 +17,9 @@ from rocketmq import (
     SimpleConsumer,
 )
 
-from conformance.interop.driver import poll
-from conformance.interop.fields import Arrived, Sent
-from protocols import interop
+from polymq.conformance.interop.driver import poll
+from polymq.conformance.interop.fields import Arrived, Sent
+from polymq.protocols import interop
 
 __all__ = ["RocketMQDriver"]
 

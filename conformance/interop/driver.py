@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol, TypeVar
 
-from conformance.interop.fields import Arrived, Sent
+from polymq.conformance.interop.fields import Arrived, Sent
 
 __all__ = ["Driver", "poll"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from conformance.interop.fields import Arrived, Sent
+from polymq.conformance.interop.fields import Arrived, Sent
 
 __all__ = [
     "CARRIERS",

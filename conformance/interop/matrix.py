@@ -14,10 +14,10 @@ import traceback
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 
-from conformance.interop.driver import Driver
-from conformance.interop.expectations import PROTOCOLS, check
-from conformance.interop.fields import standard_message
-from conformance.results import CaseResult, Outcome
+from polymq.conformance.interop.driver import Driver
+from polymq.conformance.interop.expectations import PROTOCOLS, check
+from polymq.conformance.interop.fields import standard_message
+from polymq.conformance.results import CaseResult, Outcome
 
 __all__ = ["DRIVERS", "cell_topic", "open_drivers", "run_cell", "run_matrix"]
 
@@ -25,31 +25,31 @@ CELL_TIMEOUT_S = 20.0
 
 
 def _kafka(host: str, port: int) -> Driver:
-    from conformance.interop.drive_kafka import KafkaDriver
+    from polymq.conformance.interop.drive_kafka import KafkaDriver
 
     return KafkaDriver(host, port)
 
 
 def _amqp(host: str, port: int) -> Driver:
-    from conformance.interop.drive_amqp import AmqpDriver
+    from polymq.conformance.interop.drive_amqp import AmqpDriver
 
     return AmqpDriver(host, port)
 
 
 def _mqtt(host: str, port: int) -> Driver:
-    from conformance.interop.drive_mqtt import MqttDriver
+    from polymq.conformance.interop.drive_mqtt import MqttDriver
 
     return MqttDriver(host, port)
 
 
 def _rocketmq(host: str, port: int) -> Driver:
-    from conformance.interop.drive_rocketmq import RocketMQDriver
+    from polymq.conformance.interop.drive_rocketmq import RocketMQDriver
 
     return RocketMQDriver(host, port)
 
 
 def _mns(host: str, port: int) -> Driver:
-    from conformance.interop.drive_mns import MnsDriver
+    from polymq.conformance.interop.drive_mns import MnsDriver
 
     return MnsDriver(host, port)
 

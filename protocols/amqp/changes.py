@@ -31,10 +31,10 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from gateway.directory import GatewayDirectory, owner_of
-from gateway.processor import Caller, Processor
-from storage.errors import OffsetOutOfRange, StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import AppendRequest, CommittedOffset, Message, QueueRef, TopicConfig
+from polymq.gateway.directory import GatewayDirectory, owner_of
+from polymq.gateway.processor import Caller, Processor
+from polymq.storage.errors import OffsetOutOfRange, StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import AppendRequest, CommittedOffset, Message, QueueRef, TopicConfig
 
 __all__ = [
     "BARRIER_TIMEOUT_S",

@@ -21,21 +21,21 @@ from typing import TYPE_CHECKING, Any, Final
 from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 
-from gateway.accounts import AccessDenied
-from protocols.amqp import declarations, errors
-from protocols.amqp._state import ChannelState, ContentState, content_transition
-from protocols.amqp.codec import ContentHeaderFrame, content_frames, deliver_frames
-from protocols.amqp.consumer import INVISIBLE_MS, POP_BATCH, Consumer, Delivery
-from protocols.amqp.dead_letter import dead_letter
-from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
-from protocols.amqp.expiry import expires_at
-from protocols.amqp.properties import (
+from polymq.gateway.accounts import AccessDenied
+from polymq.protocols.amqp import declarations, errors
+from polymq.protocols.amqp._state import ChannelState, ContentState, content_transition
+from polymq.protocols.amqp.codec import ContentHeaderFrame, content_frames, deliver_frames
+from polymq.protocols.amqp.consumer import INVISIBLE_MS, POP_BATCH, Consumer, Delivery
+from polymq.protocols.amqp.dead_letter import dead_letter
+from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from polymq.protocols.amqp.expiry import expires_at
+from polymq.protocols.amqp.properties import (
     delivery_content,
     with_header,
 )
-from protocols.amqp.publishing import REPLY_TO, Publish, Publisher
-from protocols.amqp.queues import QueueDef
-from storage.errors import (
+from polymq.protocols.amqp.publishing import REPLY_TO, Publish, Publisher
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.storage.errors import (
     InvalidArgument,
     InvalidName,
     InvalidReceipt,
@@ -44,10 +44,10 @@ from storage.errors import (
     StorageUnavailable,
     TopicNotFound,
 )
-from storage.model import QueueRef, StoredMessage
+from polymq.storage.model import QueueRef, StoredMessage
 
 if TYPE_CHECKING:
-    from protocols.amqp.connection import AmqpConnection
+    from polymq.protocols.amqp.connection import AmqpConnection
 
 __all__ = ["Channel"]
 

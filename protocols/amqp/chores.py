@@ -15,14 +15,14 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, Final, Protocol
 
-from gateway.processor import Caller
-from protocols.amqp.changes import ChangeLog, Membership
-from protocols.amqp.definitions import Definitions, VhostView
-from protocols.amqp.expiry import sweep_expired
-from protocols.amqp.queues import GROUP, QueueDef
-from storage.errors import StorageError
-from storage.lifecycle import TaskSet
-from storage.model import QueueRef
+from polymq.gateway.processor import Caller
+from polymq.protocols.amqp.changes import ChangeLog, Membership
+from polymq.protocols.amqp.definitions import Definitions, VhostView
+from polymq.protocols.amqp.expiry import sweep_expired
+from polymq.protocols.amqp.queues import GROUP, QueueDef
+from polymq.storage.errors import StorageError
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import QueueRef
 
 __all__ = ["ChoreHost", "Chores"]
 

@@ -20,7 +20,7 @@ from pamqp import commands, frame, header
 from pamqp.base import Frame as MethodFrame
 from pamqp.heartbeat import Heartbeat
 
-from protocols.amqp.fields import FieldError, decode_arguments, decode_properties
+from polymq.protocols.amqp.fields import FieldError, decode_arguments, decode_properties
 
 __all__ = [
     "FRAME_BODY",

@@ -19,15 +19,15 @@ from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 from pamqp.heartbeat import Heartbeat
 
-from gateway.accounts import AuthError
-from gateway.connections import current_connection_id
-from gateway.fairness import SLICE, pause
-from gateway.listeners import ListenerContext
-from gateway.processor import Caller
-from protocols.amqp import errors
-from protocols.amqp._state import CONNECTION_ACCEPTS, ConnectionState
-from protocols.amqp.channel import Channel
-from protocols.amqp.codec import (
+from polymq.gateway.accounts import AuthError
+from polymq.gateway.connections import current_connection_id
+from polymq.gateway.fairness import SLICE, pause
+from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.processor import Caller
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp._state import CONNECTION_ACCEPTS, ConnectionState
+from polymq.protocols.amqp.channel import Channel
+from polymq.protocols.amqp.codec import (
     HEARTBEAT_BYTES,
     PROTOCOL_HEADER,
     FrameError,
@@ -35,12 +35,12 @@ from protocols.amqp.codec import (
     ProtocolHeaderError,
     method_frame,
 )
-from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
-from protocols.amqp.fields import FieldError, decode_table
-from protocols.amqp.flow import FlowControl
-from protocols.amqp.vhost import AmqpServices, VirtualHost
-from storage.errors import StorageError
-from storage.lifecycle import TaskSet
+from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from polymq.protocols.amqp.fields import FieldError, decode_table
+from polymq.protocols.amqp.flow import FlowControl
+from polymq.protocols.amqp.vhost import AmqpServices, VirtualHost
+from polymq.storage.errors import StorageError
+from polymq.storage.lifecycle import TaskSet
 
 __all__ = ["AmqpConnection"]
 

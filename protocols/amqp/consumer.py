@@ -10,14 +10,14 @@ from typing import TYPE_CHECKING, Final
 
 from pamqp import commands
 
-from protocols.amqp import errors
-from protocols.amqp.errors import AmqpError, ConnectionError_
-from protocols.amqp.queues import QueueDef
-from storage.errors import TopicNotFound
-from storage.model import StoredMessage
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp.errors import AmqpError, ConnectionError_
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.storage.errors import TopicNotFound
+from polymq.storage.model import StoredMessage
 
 if TYPE_CHECKING:
-    from protocols.amqp.channel import Channel
+    from polymq.protocols.amqp.channel import Channel
 
 __all__ = ["INVISIBLE_MS", "POP_BATCH", "POP_WAIT_MS", "Consumer", "Delivery"]
 

@@ -10,17 +10,17 @@ from typing import Any
 
 from pamqp import commands
 
-from gateway.processor import Caller, Processor
-from protocols import interop
-from protocols.amqp.definitions import VhostView
-from protocols.amqp.properties import (
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols import interop
+from polymq.protocols.amqp.definitions import VhostView
+from polymq.protocols.amqp.properties import (
     RAW_PROPERTIES,
     decode_properties,
     encode_properties,
     to_message,
 )
-from protocols.amqp.queues import QueueDef
-from storage.model import AppendRequest, StoredMessage
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.storage.model import AppendRequest, StoredMessage
 
 __all__ = ["add_death", "dead_letter"]
 

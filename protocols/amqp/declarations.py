@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
-from protocols.amqp import errors
-from protocols.amqp.errors import ChannelError
-from protocols.amqp.queues import json_safe
-from protocols.amqp.routing import Binding
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp.errors import ChannelError
+from polymq.protocols.amqp.queues import json_safe
+from polymq.protocols.amqp.routing import Binding
 
 if TYPE_CHECKING:
-    from protocols.amqp.channel import Channel
+    from polymq.protocols.amqp.channel import Channel
 
 __all__ = [
     "exchange_bind",

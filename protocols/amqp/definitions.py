@@ -14,10 +14,10 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any, Final, Protocol
 
-from gateway.processor import Processor
-from protocols.amqp.queues import QueueDef
-from protocols.amqp.routing import DEFAULT_EXCHANGES, Binding, Exchange, route
-from storage.model import GroupConfig
+from polymq.gateway.processor import Processor
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.protocols.amqp.routing import DEFAULT_EXCHANGES, Binding, Exchange, route
+from polymq.storage.model import GroupConfig
 
 __all__ = [
     "BINDING",

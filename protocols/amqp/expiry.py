@@ -16,13 +16,13 @@ import contextlib
 import logging
 from typing import Final
 
-from gateway.processor import Caller
-from protocols.amqp.dead_letter import dead_letter
-from protocols.amqp.definitions import VhostView
-from protocols.amqp.publishing import EXPIRES_AT
-from protocols.amqp.queues import QueueDef
-from storage.errors import StorageError
-from storage.model import QueueRef, StoredMessage
+from polymq.gateway.processor import Caller
+from polymq.protocols.amqp.dead_letter import dead_letter
+from polymq.protocols.amqp.definitions import VhostView
+from polymq.protocols.amqp.publishing import EXPIRES_AT
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["expires_at", "sweep_expired", "sweep_once"]
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.listeners import Listener, ListenerContext, TcpListener
-from protocols.amqp.changes import Membership
-from protocols.amqp.connection import AmqpConnection
-from protocols.amqp.flow import FlowControl
-from protocols.amqp.vhost import AmqpServices
+from polymq.gateway.listeners import Listener, ListenerContext, TcpListener
+from polymq.protocols.amqp.changes import Membership
+from polymq.protocols.amqp.connection import AmqpConnection
+from polymq.protocols.amqp.flow import FlowControl
+from polymq.protocols.amqp.vhost import AmqpServices
 
 __all__ = ["AmqpListener", "amqp_listener"]
 

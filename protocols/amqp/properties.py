@@ -15,9 +15,9 @@ from typing import Any, Final
 
 from pamqp import commands
 
-from protocols import interop
-from protocols.amqp import fields
-from storage.model import Message, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.amqp import fields
+from polymq.storage.model import Message, StoredMessage
 
 __all__ = [
     "RAW_PROPERTIES",

@@ -12,18 +12,18 @@ from typing import TYPE_CHECKING, Final
 
 from pamqp import commands
 
-from gateway.fairness import cooperatively
-from protocols import interop
-from protocols.amqp import errors
-from protocols.amqp.codec import ContentHeaderFrame, content_frames, method_frame
-from protocols.amqp.consumer import INVISIBLE_MS
-from protocols.amqp.dead_letter import dead_letter
-from protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
-from protocols.amqp.properties import encode_properties, to_message
-from protocols.amqp.queues import QueueDef
-from protocols.amqp.reply_to import REPLY_TO
-from storage.errors import TopicAlreadyExists, TopicNotFound
-from storage.model import (
+from polymq.gateway.fairness import cooperatively
+from polymq.protocols import interop
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp.codec import ContentHeaderFrame, content_frames, method_frame
+from polymq.protocols.amqp.consumer import INVISIBLE_MS
+from polymq.protocols.amqp.dead_letter import dead_letter
+from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from polymq.protocols.amqp.properties import encode_properties, to_message
+from polymq.protocols.amqp.queues import QueueDef
+from polymq.protocols.amqp.reply_to import REPLY_TO
+from polymq.storage.errors import TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import (
     AppendRequest,
     Message,
     QueueRef,
@@ -33,8 +33,8 @@ from storage.model import (
 )
 
 if TYPE_CHECKING:
-    from protocols.amqp.channel import Channel
-    from protocols.amqp.connection import AmqpConnection
+    from polymq.protocols.amqp.channel import Channel
+    from polymq.protocols.amqp.connection import AmqpConnection
 
 __all__ = ["EXPIRES_AT", "REPLY_TO", "Publish", "Publisher"]
 

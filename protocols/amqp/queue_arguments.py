@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Final
 
-from protocols.amqp import errors
-from protocols.amqp.changes import CHANGES_TOPIC
-from protocols.amqp.errors import ChannelError
-from protocols.amqp.queues import TOPIC_PREFIX, QueueDef
-from storage.errors import InvalidName
-from storage.names import check_name
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp.changes import CHANGES_TOPIC
+from polymq.protocols.amqp.errors import ChannelError
+from polymq.protocols.amqp.queues import TOPIC_PREFIX, QueueDef
+from polymq.storage.errors import InvalidName
+from polymq.storage.names import check_name
 
 __all__ = ["check_equivalent", "validate_arguments", "validate_view"]
 

@@ -17,8 +17,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
-from protocols import interop
-from storage.model import QueueRef
+from polymq.protocols import interop
+from polymq.storage.model import QueueRef
 
 __all__ = [
     "GROUP",

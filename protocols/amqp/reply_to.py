@@ -18,10 +18,10 @@ import secrets
 from collections.abc import Callable
 from typing import Final
 
-from gateway.processor import Caller, Processor
-from protocols.amqp.properties import RAW_PROPERTIES
-from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import AppendRequest, Message, QueueRef, TopicConfig
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.amqp.properties import RAW_PROPERTIES
+from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import AppendRequest, Message, QueueRef, TopicConfig
 
 __all__ = ["REPLY_TO", "ReplyRouter", "Sink"]
 

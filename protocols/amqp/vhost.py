@@ -19,11 +19,11 @@ import secrets
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from gateway.processor import Caller, Processor
-from protocols.amqp import errors
-from protocols.amqp.changes import Change, ChangeLog, Membership
-from protocols.amqp.chores import Chores
-from protocols.amqp.definitions import (
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.amqp import errors
+from polymq.protocols.amqp.changes import Change, ChangeLog, Membership
+from polymq.protocols.amqp.chores import Chores
+from polymq.protocols.amqp.definitions import (
     BINDING,
     CONSUMER,
     EXCHANGE,
@@ -36,9 +36,9 @@ from protocols.amqp.definitions import (
     exchange_from_json,
     exchange_json,
 )
-from protocols.amqp.errors import ChannelError, ConnectionError_
-from protocols.amqp.queue_arguments import check_equivalent, validate_arguments
-from protocols.amqp.queues import (
+from polymq.protocols.amqp.errors import ChannelError, ConnectionError_
+from polymq.protocols.amqp.queue_arguments import check_equivalent, validate_arguments
+from polymq.protocols.amqp.queues import (
     GROUP,
     TOPIC_PREFIX,
     ConsumerEntry,
@@ -46,10 +46,10 @@ from protocols.amqp.queues import (
     QueueDef,
     json_safe,
 )
-from protocols.amqp.reply_to import ReplyRouter
-from protocols.amqp.routing import EXCHANGE_TYPES, Binding, Exchange
-from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import UNLIMITED, TopicConfig
+from polymq.protocols.amqp.reply_to import ReplyRouter
+from polymq.protocols.amqp.routing import EXCHANGE_TYPES, Binding, Exchange
+from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import UNLIMITED, TopicConfig
 
 __all__ = [
     "GROUP",

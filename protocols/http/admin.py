@@ -14,11 +14,11 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from gateway.accounts import ANONYMOUS, AuthError, Principal
-from gateway.listeners import ListenerContext
-from gateway.processor import Caller
-from protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
-from storage.errors import QueueNotFound, TopicNotFound
+from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
+from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.processor import Caller
+from polymq.protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
+from polymq.storage.errors import QueueNotFound, TopicNotFound
 
 __all__ = ["admin_router"]
 

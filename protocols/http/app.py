@@ -11,15 +11,15 @@ from fastapi import FastAPI, Request, Response
 from starlette.responses import PlainTextResponse
 from starlette.types import ASGIApp
 
-from gateway.accounts import AuthError
-from gateway.listeners import ListenerContext
-from protocols.http.admin import admin_router
-from protocols.http.metrics import GatewayMetrics, LatencyMiddleware
-from protocols.mns.errors import MnsError, from_exception
-from protocols.mns.notify import Notifier
-from protocols.mns.request import error_response
-from protocols.mns.routes import MnsApi
-from storage.errors import StorageError
+from polymq.gateway.accounts import AuthError
+from polymq.gateway.listeners import ListenerContext
+from polymq.protocols.http.admin import admin_router
+from polymq.protocols.http.metrics import GatewayMetrics, LatencyMiddleware
+from polymq.protocols.mns.errors import MnsError, from_exception
+from polymq.protocols.mns.notify import Notifier
+from polymq.protocols.mns.request import error_response
+from polymq.protocols.mns.routes import MnsApi
+from polymq.storage.errors import StorageError
 
 __all__ = ["HttpApp", "build_app"]
 

@@ -33,9 +33,9 @@ import httptools
 from uvicorn._types import ASGIReceiveCallable, ASGISendCallable, Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
-from gateway.config import LimitsConfig
-from gateway.connections import ConnectionRegistry, TooManyConnections
-from protocols.mns.request import CONNECTION_ID
+from polymq.gateway.config import LimitsConfig
+from polymq.gateway.connections import ConnectionRegistry, TooManyConnections
+from polymq.protocols.mns.request import CONNECTION_ID
 
 __all__ = ["MAX_HEAD_BYTES", "guarded_protocol"]
 

@@ -20,9 +20,9 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from gateway.listeners import Listener, ListenerContext
-from protocols.http.app import HttpApp, build_app
-from protocols.http.guarded import guarded_protocol
+from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.protocols.http.app import HttpApp, build_app
+from polymq.protocols.http.guarded import guarded_protocol
 
 __all__ = ["HTTP_PARSER", "HttpListener", "http_listener"]
 

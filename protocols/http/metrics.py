@@ -16,11 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.accounts import Principal
-from gateway.listeners import ListenerContext
-from gateway.processor import Caller
-from protocols.mns.queues import QUEUE_KIND, queue_counts
-from storage.errors import QueueNotFound, TopicNotFound
+from polymq.gateway.accounts import Principal
+from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.processor import Caller
+from polymq.protocols.mns.queues import QUEUE_KIND, queue_counts
+from polymq.storage.errors import QueueNotFound, TopicNotFound
 
 __all__ = ["GatewayMetrics", "LatencyMiddleware"]
 

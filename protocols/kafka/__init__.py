@@ -6,8 +6,8 @@ are stored once, as produced, and other protocols still read single messages.
 
 from __future__ import annotations
 
-from protocols.kafka.records import BATCH_FORMAT, expand_batch
-from storage import batch_formats
+from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
+from polymq.storage import batch_formats
 
 batch_formats.register(BATCH_FORMAT, expand_batch)
 

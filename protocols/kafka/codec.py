@@ -29,8 +29,8 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from protocols.kafka.bounds import check_request
-from protocols.kafka.versions import API_VERSIONS_KEY, SUPPORTED
+from polymq.protocols.kafka.bounds import check_request
+from polymq.protocols.kafka.versions import API_VERSIONS_KEY, SUPPORTED
 
 __all__ = [
     "BadRequest",

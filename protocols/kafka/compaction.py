@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 from crc32c import crc32c
 
-from gateway.processor import Caller, Processor
-from protocols.kafka.records import (
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.kafka.records import (
     BATCH_FORMAT,
     CorruptBatch,
     KafkaRecord,
@@ -30,8 +30,8 @@ from protocols.kafka.records import (
     iter_records,
     parse_header,
 )
-from storage.lifecycle import TaskSet
-from storage.model import BatchEntry, Message, QueueRef, StoredBatch
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import BatchEntry, Message, QueueRef, StoredBatch
 
 __all__ = [
     "Compactor",

@@ -23,10 +23,10 @@ import time
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
-from gateway.accounts import ANONYMOUS, Principal
-from gateway.connections import current_connection_id
-from protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
-from protocols.kafka.codec import (
+from polymq.gateway.accounts import ANONYMOUS, Principal
+from polymq.gateway.connections import current_connection_id
+from polymq.protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
+from polymq.protocols.kafka.codec import (
     BadRequest,
     Request,
     UnsupportedVersion,
@@ -37,10 +37,10 @@ from protocols.kafka.codec import (
     frame_size,
     response_class,
 )
-from protocols.kafka.departure import WAITS, PeerWatch
-from protocols.kafka.handlers import HANDLERS
-from protocols.kafka.handlers.topics import api_versions_body
-from protocols.kafka.session import KafkaServices, Session, anonymous_caller, caller_for
+from polymq.protocols.kafka.departure import WAITS, PeerWatch
+from polymq.protocols.kafka.handlers import HANDLERS
+from polymq.protocols.kafka.handlers.topics import api_versions_body
+from polymq.protocols.kafka.session import KafkaServices, Session, anonymous_caller, caller_for
 
 __all__ = ["serve_connection"]
 

@@ -13,8 +13,8 @@ import logging
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AccessDenied, AuthenticationFailed
-from storage.errors import (
+from polymq.gateway.accounts import AccessDenied, AuthenticationFailed
+from polymq.storage.errors import (
     InvalidArgument,
     InvalidName,
     MessageTooLarge,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from gateway.listeners import Listener, ListenerContext, TcpListener
-from protocols.kafka.connection import serve_connection
-from protocols.kafka.session import KafkaServices
+from polymq.gateway.listeners import Listener, ListenerContext, TcpListener
+from polymq.protocols.kafka.connection import serve_connection
+from polymq.protocols.kafka.session import KafkaServices
 
 __all__ = ["KafkaListener", "kafka_listener"]
 

@@ -16,7 +16,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from enum import Enum
 
-from storage.model import QueueRef
+from polymq.storage.model import QueueRef
 
 __all__ = ["ProducerRegistry", "SequenceCheck", "Verdict"]
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import cramjam
 from crc32c import crc32c
 
-from protocols import interop
-from storage.model import Message
+from polymq.protocols import interop
+from polymq.storage.model import Message
 
 __all__ = [
     "BATCH_FORMAT",

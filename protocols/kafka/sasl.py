@@ -7,7 +7,7 @@ from functools import cache
 
 from scramp import ScramException, ScramMechanism
 
-from gateway.accounts import Accounts, AuthenticationFailed, Principal
+from polymq.gateway.accounts import Accounts, AuthenticationFailed, Principal
 
 __all__ = ["MECHANISMS", "PlainExchange", "SaslExchange", "ScramExchange", "start_exchange"]
 

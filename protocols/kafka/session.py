@@ -7,22 +7,22 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.accounts import ANONYMOUS, Accounts, Principal
-from gateway.config import LimitsConfig
-from gateway.connections import ConnectionRegistry
-from gateway.directory import GatewayDirectory, GatewayEndpoint
-from gateway.fairness import FrameBudget
-from gateway.listeners import ListenerContext
-from gateway.processor import Caller, Processor
-from protocols.kafka._state import AuthState
-from protocols.kafka.cluster import ClusterView, cluster_view
-from protocols.kafka.compaction import Compactor
-from protocols.kafka.consumer_groups import ConsumerGroups
-from protocols.kafka.coordinator import GroupCoordinator
-from protocols.kafka.producers import ProducerRegistry
-from protocols.kafka.share_groups import ShareGroups
-from protocols.kafka.transactions import TransactionState
-from storage.model import QueueRef
+from polymq.gateway.accounts import ANONYMOUS, Accounts, Principal
+from polymq.gateway.config import LimitsConfig
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.directory import GatewayDirectory, GatewayEndpoint
+from polymq.gateway.fairness import FrameBudget
+from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.kafka._state import AuthState
+from polymq.protocols.kafka.cluster import ClusterView, cluster_view
+from polymq.protocols.kafka.compaction import Compactor
+from polymq.protocols.kafka.consumer_groups import ConsumerGroups
+from polymq.protocols.kafka.coordinator import GroupCoordinator
+from polymq.protocols.kafka.producers import ProducerRegistry
+from polymq.protocols.kafka.share_groups import ShareGroups
+from polymq.protocols.kafka.transactions import TransactionState
+from polymq.storage.model import QueueRef
 
 __all__ = ["KafkaServices", "Session"]
 

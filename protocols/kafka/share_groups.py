@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
-from storage.model import QueueRef
+from polymq.storage.model import QueueRef
 
 __all__ = ["AckType", "ShareGroups"]
 

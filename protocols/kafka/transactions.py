@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from storage.model import QueueRef
+from polymq.storage.model import QueueRef
 
 __all__ = ["AbortedRange", "PendingOffset", "Transaction", "TransactionState"]
 

@@ -1,5 +1,5 @@
 """Alibaba MNS-style queues and topics over HTTP (served by :mod:`protocols.http`)."""
 
-from protocols.mns.routes import MnsApi
+from polymq.protocols.mns.routes import MnsApi
 
 __all__ = ["MnsApi"]

@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Self, cast
 
-from protocols.mns.errors import MnsError
-from storage.model import TopicConfig
+from polymq.protocols.mns.errors import MnsError
+from polymq.storage.model import TopicConfig
 
 __all__ = [
     "NOTIFY_FORMATS",

@@ -9,10 +9,10 @@ import email.utils
 import urllib.parse
 from collections.abc import Iterable
 
-from gateway.accounts import ANONYMOUS, Accounts, Principal
-from protocols.mns.errors import MnsError
-from protocols.mns.signature import parse_authorization, string_to_sign, verify
-from storage.clock import Clock
+from polymq.gateway.accounts import ANONYMOUS, Accounts, Principal
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.signature import parse_authorization, string_to_sign, verify
+from polymq.storage.clock import Clock
 
 __all__ = ["RequestAuth"]
 

@@ -3,8 +3,8 @@ codes"), and the translation of the gateway's typed errors into them."""
 
 from __future__ import annotations
 
-from gateway.accounts import AccessDenied, AuthenticationFailed, AuthError
-from storage import errors as storage_errors
+from polymq.gateway.accounts import AccessDenied, AuthenticationFailed, AuthError
+from polymq.storage import errors as storage_errors
 
 __all__ = ["MnsError", "from_exception"]
 

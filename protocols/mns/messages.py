@@ -17,12 +17,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from protocols import interop
-from protocols.mns import codec
-from protocols.mns.attributes import parse_int
-from protocols.mns.errors import MnsError
-from protocols.mns.priority import DEFAULT_PRIORITY, PRIORITY, priority_of
-from storage.model import Message, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.mns import codec
+from polymq.protocols.mns.attributes import parse_int
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.priority import DEFAULT_PRIORITY, PRIORITY, priority_of
+from polymq.storage.model import Message, StoredMessage
 
 __all__ = [
     "DEFAULT_PRIORITY",

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 import httpx
 
-from gateway.accounts import Principal
-from gateway.processor import Caller, Processor
-from protocols.mns.attributes import SubscriptionAttributes
-from protocols.mns.messages import notification_body
-from storage.errors import StorageClosed, TopicNotFound
-from storage.model import QueueRef, StoredMessage
+from polymq.gateway.accounts import Principal
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mns.attributes import SubscriptionAttributes
+from polymq.protocols.mns.messages import notification_body
+from polymq.storage.errors import StorageClosed, TopicNotFound
+from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["Notifier", "push_group", "push_topic", "retry_delay_ms"]
 

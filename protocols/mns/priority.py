@@ -12,7 +12,7 @@ of 2 to 15 queues (another protocol's) is unprioritised: queue 0 only, as before
 
 from __future__ import annotations
 
-from storage.model import Message, QueueRef, TopicInfo
+from polymq.storage.model import Message, QueueRef, TopicInfo
 
 __all__ = [
     "DEFAULT_PRIORITY",

@@ -8,12 +8,12 @@ from typing import Any
 
 from fastapi import Request, Response
 
-from gateway.fairness import cooperatively
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import body_md5, render_message
-from protocols.mns.queues import QueueService, Sent
-from protocols.mns.request import BATCH_MAX, RequestReader, message_documents
-from storage.model import StoredMessage
+from polymq.gateway.fairness import cooperatively
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import body_md5, render_message
+from polymq.protocols.mns.queues import QueueService, Sent
+from polymq.protocols.mns.request import BATCH_MAX, RequestReader, message_documents
+from polymq.storage.model import StoredMessage
 
 __all__ = ["QueueHandlers"]
 

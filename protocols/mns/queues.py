@@ -17,12 +17,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.fairness import cooperatively
-from gateway.processor import Caller, Processor
-from protocols.mns.attributes import QueueAttributes
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import Outgoing, parse_message
-from protocols.mns.priority import (
+from polymq.gateway.fairness import cooperatively
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mns.attributes import QueueAttributes
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import Outgoing, parse_message
+from polymq.protocols.mns.priority import (
     DEFAULT_PRIORITY,
     LEVELS,
     levels_of,
@@ -30,9 +30,9 @@ from protocols.mns.priority import (
     queue_id_for,
     refs_in_pop_order,
 )
-from protocols.mns.reclaim import RECLAIM_EVERY, Reclaimer
-from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import (
+from polymq.protocols.mns.reclaim import RECLAIM_EVERY, Reclaimer
+from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import (
     UNLIMITED,
     AppendRequest,
     AppendResult,

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from gateway.processor import Caller, Processor
-from protocols.mns.priority import levels_of, refs_in_pop_order
-from storage.errors import StorageError
-from storage.model import QueueRef
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mns.priority import levels_of, refs_in_pop_order
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueRef
 
 __all__ = ["RECLAIM_EVERY", "Reclaimer"]
 

@@ -16,13 +16,13 @@ from typing import Any
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
-from gateway.connections import ConnectionRegistry
-from gateway.fairness import pause
-from gateway.processor import Caller
-from protocols.mns import codec
-from protocols.mns.attributes import parse_int
-from protocols.mns.auth import RequestAuth
-from protocols.mns.errors import MnsError
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.fairness import pause
+from polymq.gateway.processor import Caller
+from polymq.protocols.mns import codec
+from polymq.protocols.mns.attributes import parse_int
+from polymq.protocols.mns.auth import RequestAuth
+from polymq.protocols.mns.errors import MnsError
 
 __all__ = [
     "API_VERSION",

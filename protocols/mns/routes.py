@@ -21,18 +21,18 @@ from dataclasses import dataclass
 from fastapi import APIRouter, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.accounts import Accounts
-from gateway.connections import ConnectionRegistry
-from gateway.processor import Processor
-from protocols.mns import codec
-from protocols.mns.auth import RequestAuth
-from protocols.mns.errors import MnsError, from_exception
-from protocols.mns.notify import Notifier
-from protocols.mns.queue_handlers import QueueHandlers
-from protocols.mns.queues import QueueService
-from protocols.mns.request import PeerGone, RequestReader, error_response
-from protocols.mns.topic_handlers import TopicHandlers
-from protocols.mns.topics import TopicService
+from polymq.gateway.accounts import Accounts
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.processor import Processor
+from polymq.protocols.mns import codec
+from polymq.protocols.mns.auth import RequestAuth
+from polymq.protocols.mns.errors import MnsError, from_exception
+from polymq.protocols.mns.notify import Notifier
+from polymq.protocols.mns.queue_handlers import QueueHandlers
+from polymq.protocols.mns.queues import QueueService
+from polymq.protocols.mns.request import PeerGone, RequestReader, error_response
+from polymq.protocols.mns.topic_handlers import TopicHandlers
+from polymq.protocols.mns.topics import TopicService
 
 __all__ = ["MnsApi", "MnsDispatcher", "Route"]
 

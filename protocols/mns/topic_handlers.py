@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from fastapi import Request, Response
 
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import body_md5
-from protocols.mns.request import RequestReader, message_documents
-from protocols.mns.topics import TopicService
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import body_md5
+from polymq.protocols.mns.request import RequestReader, message_documents
+from polymq.protocols.mns.topics import TopicService
 
 __all__ = ["TopicHandlers"]
 

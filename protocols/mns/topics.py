@@ -14,14 +14,14 @@ import contextlib
 from dataclasses import replace
 from typing import Any
 
-from gateway.processor import Caller, Processor
-from protocols.mns.attributes import SubscriptionAttributes, TopicAttributes
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import Outgoing, notification_body, parse_message
-from protocols.mns.notify import Notifier, push_group, push_topic
-from protocols.mns.queues import QUEUE_KIND, TOPIC_KIND, check_name
-from storage.errors import QueueNotFound, TopicAlreadyExists, TopicNotFound
-from storage.model import (
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mns.attributes import SubscriptionAttributes, TopicAttributes
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import Outgoing, notification_body, parse_message
+from polymq.protocols.mns.notify import Notifier, push_group, push_topic
+from polymq.protocols.mns.queues import QUEUE_KIND, TOPIC_KIND, check_name
+from polymq.storage.errors import QueueNotFound, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import (
     UNLIMITED,
     AppendRequest,
     AppendResult,

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from protocols.mqtt import codec
+from polymq.protocols.mqtt import codec
 
 __all__ = ["ConnectionState", "accepts"]
 

@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-from gateway.processor import Caller, Processor
-from protocols.mqtt.core import BrokerCore, IndexEntry
-from protocols.mqtt.mapping import published_qos
-from protocols.mqtt.model import (
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mqtt.core import BrokerCore, IndexEntry
+from polymq.protocols.mqtt.mapping import published_qos
+from polymq.protocols.mqtt.model import (
     POP_GROUP,
     Delivery,
     Outgoing,
@@ -26,14 +26,14 @@ from protocols.mqtt.model import (
     SharedGroup,
     SubOptions,
 )
-from protocols.mqtt.peer_events import PeerEvents
-from protocols.mqtt.peers import Peers
-from protocols.mqtt.routing import Router
-from protocols.mqtt.sessions import Sessions
-from protocols.mqtt.subscriptions import Subscriptions
-from protocols.mqtt.tails import Tails
-from protocols.mqtt.topic_filter_index import TopicFilterIndex
-from storage.model import GroupConfig, Message, QueueRef
+from polymq.protocols.mqtt.peer_events import PeerEvents
+from polymq.protocols.mqtt.peers import Peers
+from polymq.protocols.mqtt.routing import Router
+from polymq.protocols.mqtt.sessions import Sessions
+from polymq.protocols.mqtt.subscriptions import Subscriptions
+from polymq.protocols.mqtt.tails import Tails
+from polymq.protocols.mqtt.topic_filter_index import TopicFilterIndex
+from polymq.storage.model import GroupConfig, Message, QueueRef
 
 __all__ = [
     "POP_GROUP",

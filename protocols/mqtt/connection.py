@@ -15,29 +15,29 @@ import logging
 import uuid
 from dataclasses import dataclass
 
-from gateway.accounts import AuthenticationFailed, AuthError
-from gateway.fairness import cooperatively
-from gateway.processor import Caller
-from protocols.mqtt import codec
-from protocols.mqtt._state import ConnectionState, accepts
-from protocols.mqtt.broker import MqttBroker
-from protocols.mqtt.mapping import (
+from polymq.gateway.accounts import AuthenticationFailed, AuthError
+from polymq.gateway.fairness import cooperatively
+from polymq.gateway.processor import Caller
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt._state import ConnectionState, accepts
+from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.mapping import (
     message_from_publish,
     published_qos,
     storage_topic,
 )
-from protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
-from protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
-from protocols.mqtt.services import MqttServices
-from protocols.mqtt.topic_filter_index import (
+from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
+from polymq.protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
+from polymq.protocols.mqtt.services import MqttServices
+from polymq.protocols.mqtt.topic_filter_index import (
     is_valid_filter,
     is_valid_topic_name,
     split_shared,
     topic_levels,
 )
-from protocols.mqtt.transport import Transport
-from storage.errors import InvalidName, MessageTooLarge, StorageError
-from storage.names import check_name
+from polymq.protocols.mqtt.transport import Transport
+from polymq.storage.errors import InvalidName, MessageTooLarge, StorageError
+from polymq.storage.names import check_name
 
 __all__ = ["MqttConnection"]
 

@@ -13,14 +13,14 @@ import asyncio
 import contextlib
 from typing import Any
 
-from gateway.accounts import Principal
-from gateway.processor import Caller, Processor
-from protocols.mqtt.model import Session, SharedGroup, SubOptions, topic_config
-from protocols.mqtt.peers import EVENTS_TOPIC, Event, Peers, encode_event
-from protocols.mqtt.topic_filter_index import TopicFilterIndex
-from storage.errors import TopicAlreadyExists, TopicNotFound
-from storage.lifecycle import TaskSet
-from storage.model import AppendRequest, QueueRef
+from polymq.gateway.accounts import Principal
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.mqtt.model import Session, SharedGroup, SubOptions, topic_config
+from polymq.protocols.mqtt.peers import EVENTS_TOPIC, Event, Peers, encode_event
+from polymq.protocols.mqtt.topic_filter_index import TopicFilterIndex
+from polymq.storage.errors import TopicAlreadyExists, TopicNotFound
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import AppendRequest, QueueRef
 
 __all__ = ["ROUTE_RETRIES", "ROUTE_RETRY_S", "BrokerCore", "IndexEntry", "cancel_and_wait"]
 

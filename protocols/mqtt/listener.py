@@ -12,13 +12,13 @@ from collections.abc import Awaitable
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from gateway.connections import current_connection_id, serving_connection
-from gateway.listeners import ConnectionHandler, Listener, ListenerContext, TcpListener
-from protocols.mqtt.connection import MqttConnection
-from protocols.mqtt.options import MqttOptions
-from protocols.mqtt.services import MqttServices, services_for
-from protocols.mqtt.transport import TcpTransport, WebSocketTransport
-from protocols.mqtt.ws_handshake import GuardedConnection, check_request
+from polymq.gateway.connections import current_connection_id, serving_connection
+from polymq.gateway.listeners import ConnectionHandler, Listener, ListenerContext, TcpListener
+from polymq.protocols.mqtt.connection import MqttConnection
+from polymq.protocols.mqtt.options import MqttOptions
+from polymq.protocols.mqtt.services import MqttServices, services_for
+from polymq.protocols.mqtt.transport import TcpTransport, WebSocketTransport
+from polymq.protocols.mqtt.ws_handshake import GuardedConnection, check_request
 
 __all__ = ["MqttWebSocketListener", "mqtt_listener", "mqtt_ws_listener"]
 

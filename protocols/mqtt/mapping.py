@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import math
 
-from protocols import interop
-from protocols.mqtt import codec
-from storage.model import Message
+from polymq.protocols import interop
+from polymq.protocols.mqtt import codec
+from polymq.storage.model import Message
 
 __all__ = [
     "MQTT_PAYLOAD_FORMAT",

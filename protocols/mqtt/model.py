@@ -14,8 +14,8 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from protocols.mqtt.peers import EVENTS_TOPIC
-from storage.model import Message, QueueRef, TopicConfig
+from polymq.protocols.mqtt.peers import EVENTS_TOPIC
+from polymq.storage.model import Message, QueueRef, TopicConfig
 
 __all__ = [
     "INTERNAL_PREFIXES",

@@ -18,21 +18,21 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.processor import Caller
-from protocols.mqtt import codec
-from protocols.mqtt.broker import MqttBroker
-from protocols.mqtt.mapping import (
+from polymq.gateway.processor import Caller
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.mapping import (
     MQTT_RETAIN,
     mqtt_topic_of,
     publish_from_message,
     published_qos,
 )
-from protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
-from protocols.mqtt.services import MqttServices
-from protocols.mqtt.topic_filter_index import SHARE_PREFIX
-from protocols.mqtt.transport import Transport
-from storage.errors import StorageError
-from storage.model import Message, QueueRef, StoredMessage
+from polymq.protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
+from polymq.protocols.mqtt.services import MqttServices
+from polymq.protocols.mqtt.topic_filter_index import SHARE_PREFIX
+from polymq.protocols.mqtt.transport import Transport
+from polymq.storage.errors import StorageError
+from polymq.storage.model import Message, QueueRef, StoredMessage
 
 __all__ = ["Outbound"]
 

@@ -10,12 +10,18 @@ import logging
 import uuid
 from typing import Any
 
-from protocols.mqtt.core import BrokerCore, cancel_and_wait
-from protocols.mqtt.model import SESSION_KIND, Session, SubOptions, cancel_timers, expiry_left_ms
-from protocols.mqtt.peers import EVENTS_TOPIC, Event, decode_event
-from protocols.mqtt.sessions import Sessions
-from protocols.mqtt.subscriptions import Subscriptions
-from storage.errors import OffsetOutOfRange, StorageError
+from polymq.protocols.mqtt.core import BrokerCore, cancel_and_wait
+from polymq.protocols.mqtt.model import (
+    SESSION_KIND,
+    Session,
+    SubOptions,
+    cancel_timers,
+    expiry_left_ms,
+)
+from polymq.protocols.mqtt.peers import EVENTS_TOPIC, Event, decode_event
+from polymq.protocols.mqtt.sessions import Sessions
+from polymq.protocols.mqtt.subscriptions import Subscriptions
+from polymq.storage.errors import OffsetOutOfRange, StorageError
 
 __all__ = ["PeerEvents"]
 

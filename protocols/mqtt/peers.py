@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway.directory import GatewayDirectory, owner_of
-from protocols import interop
-from storage.model import Message, StoredMessage
+from polymq.gateway.directory import GatewayDirectory, owner_of
+from polymq.protocols import interop
+from polymq.storage.model import Message, StoredMessage
 
 __all__ = [
     "EVENTS_TOPIC",

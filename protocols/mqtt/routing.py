@@ -17,15 +17,15 @@ from __future__ import annotations
 import asyncio
 from dataclasses import replace
 
-from protocols import interop
-from protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
-from protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
-from protocols.mqtt.model import Delivery, Outgoing, Session, SessionOwner, SharedGroup
-from protocols.mqtt.peers import stamp_of, stamped
-from protocols.mqtt.topic_filter_index import filter_matches, split_shared
-from protocols.mqtt.topic_tail import from_mqtt
-from storage.errors import StorageError, TopicNotFound
-from storage.model import AppendRequest, Message, QueueRef, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
+from polymq.protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
+from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SessionOwner, SharedGroup
+from polymq.protocols.mqtt.peers import stamp_of, stamped
+from polymq.protocols.mqtt.topic_filter_index import filter_matches, split_shared
+from polymq.protocols.mqtt.topic_tail import from_mqtt
+from polymq.storage.errors import StorageError, TopicNotFound
+from polymq.storage.model import AppendRequest, Message, QueueRef, StoredMessage
 
 __all__ = ["Router"]
 

@@ -10,21 +10,21 @@ import contextlib
 import weakref
 from dataclasses import dataclass
 
-from gateway.accounts import Accounts
-from gateway.config import LimitsConfig, MqttConfig
-from gateway.connections import ConnectionRegistry
-from gateway.directory import SingleGateway
-from gateway.fairness import FrameBudget
-from gateway.listeners import ListenerContext
-from gateway.metering import Metering
-from gateway.processor import Processor
-from protocols.mqtt.broker import MqttBroker
-from protocols.mqtt.model import Delivery
-from protocols.mqtt.options import MqttOptions
-from protocols.mqtt.peers import Peers
-from protocols.mqtt.topic_filter_index import filter_matches
-from storage.clock import Clock
-from storage.model import Message
+from polymq.gateway.accounts import Accounts
+from polymq.gateway.config import LimitsConfig, MqttConfig
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.directory import SingleGateway
+from polymq.gateway.fairness import FrameBudget
+from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.metering import Metering
+from polymq.gateway.processor import Processor
+from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.model import Delivery
+from polymq.protocols.mqtt.options import MqttOptions
+from polymq.protocols.mqtt.peers import Peers
+from polymq.protocols.mqtt.topic_filter_index import filter_matches
+from polymq.storage.clock import Clock
+from polymq.storage.model import Message
 
 __all__ = ["BrokerRegistry", "MqttServices", "Stats", "services_for", "serving"]
 

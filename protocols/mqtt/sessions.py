@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from protocols.mqtt.core import BrokerCore
-from protocols.mqtt.model import (
+from polymq.protocols.mqtt.core import BrokerCore
+from polymq.protocols.mqtt.model import (
     SESSION_KIND,
     SESSION_PREFIX,
     Session,
@@ -21,12 +21,12 @@ from protocols.mqtt.model import (
     inbound_from_json,
     queue_topic,
 )
-from protocols.mqtt.subscriptions import Subscriptions
-from storage.errors import StorageError
-from storage.model import QueueRef
+from polymq.protocols.mqtt.subscriptions import Subscriptions
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueRef
 
 if TYPE_CHECKING:  # the events make sessions of other gateways' records (one layer)
-    from protocols.mqtt.peer_events import PeerEvents
+    from polymq.protocols.mqtt.peer_events import PeerEvents
 
 __all__ = ["Sessions"]
 

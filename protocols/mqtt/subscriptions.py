@@ -8,12 +8,12 @@ import asyncio
 import contextlib
 import logging
 
-from protocols.mqtt.core import BrokerCore
-from protocols.mqtt.model import SHARED_PREFIX, Session, SharedGroup, SubOptions, queue_topic
-from protocols.mqtt.tails import Tails
-from protocols.mqtt.topic_filter_index import filter_matches, split_shared
-from storage.errors import StorageError
-from storage.model import QueueRef
+from polymq.protocols.mqtt.core import BrokerCore
+from polymq.protocols.mqtt.model import SHARED_PREFIX, Session, SharedGroup, SubOptions, queue_topic
+from polymq.protocols.mqtt.tails import Tails
+from polymq.protocols.mqtt.topic_filter_index import filter_matches, split_shared
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueRef
 
 __all__ = ["Subscriptions"]
 

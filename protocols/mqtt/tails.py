@@ -11,12 +11,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from protocols.mqtt.core import BrokerCore, cancel_and_wait
-from protocols.mqtt.mapping import storage_topic
-from protocols.mqtt.routing import Router
-from protocols.mqtt.topic_filter_index import split_shared
-from protocols.mqtt.topic_tail import TAIL_GROUP, TopicTail
-from storage.errors import StorageError
+from polymq.protocols.mqtt.core import BrokerCore, cancel_and_wait
+from polymq.protocols.mqtt.mapping import storage_topic
+from polymq.protocols.mqtt.routing import Router
+from polymq.protocols.mqtt.topic_filter_index import split_shared
+from polymq.protocols.mqtt.topic_tail import TAIL_GROUP, TopicTail
+from polymq.storage.errors import StorageError
 
 __all__ = ["Tails"]
 

@@ -16,10 +16,10 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
-from gateway.processor import Caller, Processor
-from protocols import interop
-from storage.errors import InvalidName, OffsetOutOfRange, StorageError, TopicNotFound
-from storage.model import QueueRef, StoredMessage
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols import interop
+from polymq.storage.errors import InvalidName, OffsetOutOfRange, StorageError, TopicNotFound
+from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["TAIL_GROUP", "TopicTail", "from_mqtt"]
 

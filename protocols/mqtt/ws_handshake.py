@@ -31,7 +31,7 @@ from websockets.http11 import Request, Response
 from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
 
-from gateway.connections import ConnectionRegistry, TooManyConnections
+from polymq.gateway.connections import ConnectionRegistry, TooManyConnections
 
 __all__ = ["GuardedConnection", "UpgradeTimeout", "check_request", "describe_failure"]
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from protocols.rocketmq import sql92
-from protocols.rocketmq.status import RpcFailure
-from storage.model import Message
+from polymq.protocols.rocketmq import sql92
+from polymq.protocols.rocketmq.status import RpcFailure
+from polymq.storage.model import Message
 
 __all__ = ["MATCH_ALL", "Filter", "parse_filter", "parse_tags"]
 

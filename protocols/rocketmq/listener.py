@@ -23,13 +23,13 @@ import socket
 
 import grpc
 
-from gateway.listeners import Listener, ListenerContext
-from protocols.rocketmq.activities.transaction import TransactionChecker
-from protocols.rocketmq.grpc_guard import ServingLoop, install_log_filters
-from protocols.rocketmq.options import RocketMQOptions
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.service import messaging_service
-from storage.lifecycle import TaskSet
+from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.protocols.rocketmq.activities.transaction import TransactionChecker
+from polymq.protocols.rocketmq.grpc_guard import ServingLoop, install_log_filters
+from polymq.protocols.rocketmq.options import RocketMQOptions
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.service import messaging_service
+from polymq.storage.lifecycle import TaskSet
 
 __all__ = ["RocketMQListener", "rocketmq_listener"]
 

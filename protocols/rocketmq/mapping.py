@@ -17,9 +17,9 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from protocols import interop
-from protocols.rocketmq.status import RpcFailure
-from storage.model import Message, MessageType, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.rocketmq.status import RpcFailure
+from polymq.storage.model import Message, MessageType, StoredMessage
 
 __all__ = [
     "MAX_MESSAGE_GROUP_LENGTH",

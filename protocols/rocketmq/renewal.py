@@ -16,9 +16,9 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-from gateway.processor import Caller, Processor
-from storage.errors import StorageError
-from storage.lifecycle import TaskSet
+from polymq.gateway.processor import Caller, Processor
+from polymq.storage.errors import StorageError
+from polymq.storage.lifecycle import TaskSet
 
 __all__ = ["ReceiptRenewer"]
 

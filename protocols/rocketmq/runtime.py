@@ -21,19 +21,19 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code
 
-from gateway.accounts import Accounts, Principal
-from gateway.config import GatewayConfig
-from gateway.connections import ConnectionRegistry
-from gateway.directory import GatewayDirectory
-from gateway.processor import Caller, Processor
-from protocols.rocketmq import auth
-from protocols.rocketmq.filters import Filter, parse_filter
-from protocols.rocketmq.options import RocketMQOptions
-from protocols.rocketmq.renewal import ReceiptRenewer
-from protocols.rocketmq.sessions import Sessions
-from protocols.rocketmq.status import RpcFailure
-from storage.errors import TopicAlreadyExists, TopicNotFound
-from storage.model import MessageType, QueueRef, StoredMessage, TopicConfig, TopicInfo
+from polymq.gateway.accounts import Accounts, Principal
+from polymq.gateway.config import GatewayConfig
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.directory import GatewayDirectory
+from polymq.gateway.processor import Caller, Processor
+from polymq.protocols.rocketmq import auth
+from polymq.protocols.rocketmq.filters import Filter, parse_filter
+from polymq.protocols.rocketmq.options import RocketMQOptions
+from polymq.protocols.rocketmq.renewal import ReceiptRenewer
+from polymq.protocols.rocketmq.sessions import Sessions
+from polymq.protocols.rocketmq.status import RpcFailure
+from polymq.storage.errors import TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import MessageType, QueueRef, StoredMessage, TopicConfig, TopicInfo
 
 __all__ = ["PROTOCOL", "RocketMQServices"]
 

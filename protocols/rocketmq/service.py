@@ -18,9 +18,17 @@ import grpc
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from protocols.rocketmq.activities import ack, offsets, receive, route, send, telemetry, transaction
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, status_for
+from polymq.protocols.rocketmq.activities import (
+    ack,
+    offsets,
+    receive,
+    route,
+    send,
+    telemetry,
+    transaction,
+)
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, status_for
 
 __all__ = ["SERVICE_NAME", "messaging_service"]
 

@@ -15,9 +15,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.connections import ConnectionRegistry
-from gateway.processor import Caller
-from protocols.rocketmq.filters import MATCH_ALL, Filter
+from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq.filters import MATCH_ALL, Filter
 
 __all__ = ["ClientSession", "Sessions"]
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from storage.model import Message
+from polymq.storage.model import Message
 
 __all__ = ["DEFAULT_MAX_DEPTH", "MAX_LENGTH", "Expression", "SqlError", "evaluate", "parse"]
 

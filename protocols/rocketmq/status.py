@@ -13,8 +13,8 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from gateway.accounts import AccessDenied, AuthenticationFailed, AuthError
-from storage import errors
+from polymq.gateway.accounts import AccessDenied, AuthenticationFailed, AuthError
+from polymq.storage import errors
 
 __all__ = ["Code", "Malformed", "RpcFailure", "log_refusal", "ok", "status", "status_for"]
 

@@ -1,6 +1,6 @@
 """The embedded storage engine: commit log, queue indexes, cursors, metadata."""
 
-from storage.engine.config import Durability, EngineConfig
-from storage.engine.engine import Engine
+from polymq.storage.engine.config import Durability, EngineConfig
+from polymq.storage.engine.engine import Engine
 
 __all__ = ["Durability", "Engine", "EngineConfig"]

@@ -14,14 +14,14 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from storage import batch_formats
-from storage.api import check_append_queues
-from storage.engine import records as rec
-from storage.engine.commit_log import HEADER_SIZE
-from storage.engine.core import EnginePart
-from storage.engine.state import Held, Seen, Topic, text_hash
-from storage.errors import InvalidArgument, MessageTooLarge
-from storage.model import (
+from polymq.storage import batch_formats
+from polymq.storage.api import check_append_queues
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.commit_log import HEADER_SIZE
+from polymq.storage.engine.core import EnginePart
+from polymq.storage.engine.state import Held, Seen, Topic, text_hash
+from polymq.storage.errors import InvalidArgument, MessageTooLarge
+from polymq.storage.model import (
     AppendRequest,
     AppendResult,
     BatchEntry,
@@ -29,7 +29,7 @@ from storage.model import (
     Placement,
     QueueRef,
 )
-from storage.names import check_name
+from polymq.storage.names import check_name
 
 __all__ = ["Appends", "append_result"]
 

@@ -30,9 +30,9 @@ from pathlib import Path
 
 import crc32c
 
-from storage.engine.config import Durability
-from storage.engine.files import fsync_directory
-from storage.errors import StorageClosed, StorageFailed
+from polymq.storage.engine.config import Durability
+from polymq.storage.engine.files import fsync_directory
+from polymq.storage.errors import StorageClosed, StorageFailed
 
 __all__ = ["HEADER_SIZE", "CommitLog"]
 

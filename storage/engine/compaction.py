@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from storage.engine import records as rec
-from storage.engine.commit_log import HEADER_SIZE
-from storage.engine.core import EnginePart
-from storage.engine.queue_index import IndexEntry, QueueIndex
-from storage.engine.state import Topic
-from storage.errors import InvalidArgument
-from storage.model import BatchEntry, QueueRef
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.commit_log import HEADER_SIZE
+from polymq.storage.engine.core import EnginePart
+from polymq.storage.engine.queue_index import IndexEntry, QueueIndex
+from polymq.storage.engine.state import Topic
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.model import BatchEntry, QueueRef
 
 __all__ = ["Compaction"]
 

@@ -12,15 +12,15 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from storage.clock import Clock
-from storage.engine import records as rec
-from storage.engine.commit_log import CommitLog
-from storage.engine.config import EngineConfig
-from storage.engine.ids import MessageIds
-from storage.engine.state import EngineState, QueueKey, Topic, config_to_json
-from storage.errors import InvalidArgument, StorageClosed
-from storage.lifecycle import TaskSet
-from storage.model import QueueRef, TopicConfig
+from polymq.storage.clock import Clock
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.commit_log import CommitLog
+from polymq.storage.engine.config import EngineConfig
+from polymq.storage.engine.ids import MessageIds
+from polymq.storage.engine.state import EngineState, QueueKey, Topic, config_to_json
+from polymq.storage.errors import InvalidArgument, StorageClosed
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import QueueRef, TopicConfig
 
 __all__ = ["EngineCore", "EnginePart"]
 

@@ -26,7 +26,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from storage.api import (
+from polymq.storage.api import (
     DEFAULT_INVISIBLE_MS,
     DEFAULT_POP_MAX_MESSAGES,
     DEFAULT_READ_MAX_BYTES,
@@ -34,21 +34,21 @@ from storage.api import (
     DEFAULT_TOPIC_CONFIG,
     DEFAULT_WAIT_MS,
 )
-from storage.clock import Clock, SystemClock
-from storage.engine.appends import Appends
-from storage.engine.compaction import Compaction
-from storage.engine.config import EngineConfig
-from storage.engine.core import EngineCore
-from storage.engine.keyed import LatestValues, Metadata
-from storage.engine.maintenance import Maintenance, apply_topic_retention
-from storage.engine.offsets import Offsets
-from storage.engine.pops import Pops
-from storage.engine.reads import Reads
-from storage.engine.recovery import recover
-from storage.engine.topics import Topics
-from storage.engine.transactions import Transactions
-from storage.lifecycle import Service
-from storage.model import (
+from polymq.storage.clock import Clock, SystemClock
+from polymq.storage.engine.appends import Appends
+from polymq.storage.engine.compaction import Compaction
+from polymq.storage.engine.config import EngineConfig
+from polymq.storage.engine.core import EngineCore
+from polymq.storage.engine.keyed import LatestValues, Metadata
+from polymq.storage.engine.maintenance import Maintenance, apply_topic_retention
+from polymq.storage.engine.offsets import Offsets
+from polymq.storage.engine.pops import Pops
+from polymq.storage.engine.reads import Reads
+from polymq.storage.engine.recovery import recover
+from polymq.storage.engine.topics import Topics
+from polymq.storage.engine.transactions import Transactions
+from polymq.storage.lifecycle import Service
+from polymq.storage.model import (
     DEFAULT_NAMESPACE,
     AppendRequest,
     AppendResult,

@@ -18,7 +18,7 @@ import secrets
 import struct
 from pathlib import Path
 
-from storage.errors import InvalidReceipt
+from polymq.storage.errors import InvalidReceipt
 
 __all__ = ["MessageIds", "Receipt", "decode_receipt", "encode_receipt", "load_node_id"]
 

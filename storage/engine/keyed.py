@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from storage.engine import records as rec
-from storage.engine.core import EnginePart
-from storage.errors import InvalidArgument, MessageTooLarge
-from storage.model import Message
-from storage.names import check_name
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.core import EnginePart
+from polymq.storage.errors import InvalidArgument, MessageTooLarge
+from polymq.storage.model import Message
+from polymq.storage.names import check_name
 
 __all__ = ["LatestValues", "Metadata"]
 

@@ -13,13 +13,18 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from storage.engine.config import Durability
-from storage.engine.core import EngineCore, EnginePart
-from storage.engine.files import fsync_directory
-from storage.engine.queue_index import ENTRY_SIZE, QueueIndex, write_index_file
-from storage.engine.snapshot import remove_stale, write_json_lines, write_lines, write_snapshot
-from storage.engine.state import QueueKey
-from storage.model import UNLIMITED
+from polymq.storage.engine.config import Durability
+from polymq.storage.engine.core import EngineCore, EnginePart
+from polymq.storage.engine.files import fsync_directory
+from polymq.storage.engine.queue_index import ENTRY_SIZE, QueueIndex, write_index_file
+from polymq.storage.engine.snapshot import (
+    remove_stale,
+    write_json_lines,
+    write_lines,
+    write_snapshot,
+)
+from polymq.storage.engine.state import QueueKey
+from polymq.storage.model import UNLIMITED
 
 __all__ = ["Maintenance", "apply_topic_retention"]
 

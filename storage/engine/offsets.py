@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from storage.engine import records as rec
-from storage.engine.core import EnginePart
-from storage.errors import InvalidArgument
-from storage.model import CommittedOffset, QueueRef
-from storage.names import check_name
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.core import EnginePart
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.model import CommittedOffset, QueueRef
+from polymq.storage.names import check_name
 
 __all__ = ["Offsets"]
 

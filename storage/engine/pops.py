@@ -14,18 +14,18 @@ import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from storage.api import check_invisible_ms, check_pop
-from storage.engine import records as rec
-from storage.engine.appends import Appends
-from storage.engine.core import EngineCore, EnginePart
-from storage.engine.ids import decode_receipt, encode_receipt
-from storage.engine.pop_state import Inflight, PopCursor
-from storage.engine.queue_index import QueueIndex
-from storage.engine.reads import Reads
-from storage.engine.state import Topic, config_to_json, text_hash
-from storage.errors import InvalidArgument, InvalidReceipt, StorageError
-from storage.model import GroupConfig, Message, QueueRef, StoredMessage, TopicConfig
-from storage.names import check_name
+from polymq.storage.api import check_invisible_ms, check_pop
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.appends import Appends
+from polymq.storage.engine.core import EngineCore, EnginePart
+from polymq.storage.engine.ids import decode_receipt, encode_receipt
+from polymq.storage.engine.pop_state import Inflight, PopCursor
+from polymq.storage.engine.queue_index import QueueIndex
+from polymq.storage.engine.reads import Reads
+from polymq.storage.engine.state import Topic, config_to_json, text_hash
+from polymq.storage.errors import InvalidArgument, InvalidReceipt, StorageError
+from polymq.storage.model import GroupConfig, Message, QueueRef, StoredMessage, TopicConfig
+from polymq.storage.names import check_name
 
 __all__ = ["Pops"]
 

@@ -13,12 +13,12 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
-from storage import batch_formats
-from storage.engine import records as rec
-from storage.engine.core import EngineCore, EnginePart
-from storage.engine.queue_index import IndexEntry, QueueIndex
-from storage.errors import OffsetOutOfRange, StorageError
-from storage.model import (
+from polymq.storage import batch_formats
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.core import EngineCore, EnginePart
+from polymq.storage.engine.queue_index import IndexEntry, QueueIndex
+from polymq.storage.errors import OffsetOutOfRange, StorageError
+from polymq.storage.model import (
     BatchEntry,
     Message,
     QueueOffsets,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any, NamedTuple
 
-from storage.model import BatchEntry, Message
+from polymq.storage.model import BatchEntry, Message
 
 __all__ = [
     "Ack",

@@ -6,12 +6,12 @@ the state, and must leave it exactly as the engine had it at its last durable re
 
 from __future__ import annotations
 
-from storage.engine import records as rec
-from storage.engine.commit_log import HEADER_SIZE
-from storage.engine.core import EngineCore
-from storage.engine.ids import MessageIds, load_node_id
-from storage.engine.queue_index import load_index_file
-from storage.engine.snapshot import iter_json_lines, read_snapshot, remove_stale
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.commit_log import HEADER_SIZE
+from polymq.storage.engine.core import EngineCore
+from polymq.storage.engine.ids import MessageIds, load_node_id
+from polymq.storage.engine.queue_index import load_index_file
+from polymq.storage.engine.snapshot import iter_json_lines, read_snapshot, remove_stale
 
 __all__ = ["recover"]
 

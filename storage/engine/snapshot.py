@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from storage.engine.files import fsync_directory
+from polymq.storage.engine.files import fsync_directory
 
 __all__ = [
     "iter_json_lines",

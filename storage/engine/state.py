@@ -22,12 +22,12 @@ from typing import Any
 
 import crc32c
 
-from storage.clock import Clock
-from storage.engine import records as rec
-from storage.engine.pop_state import Inflight, PopCursor
-from storage.engine.queue_index import IndexEntry, QueueIndex
-from storage.errors import NamespaceNotFound, QueueNotFound, TopicNotFound
-from storage.model import (
+from polymq.storage.clock import Clock
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.pop_state import Inflight, PopCursor
+from polymq.storage.engine.queue_index import IndexEntry, QueueIndex
+from polymq.storage.errors import NamespaceNotFound, QueueNotFound, TopicNotFound
+from polymq.storage.model import (
     UNLIMITED,
     CommittedOffset,
     GroupConfig,

@@ -6,17 +6,17 @@ Each change is one metadata record, applied by the same function a replay uses.
 
 from __future__ import annotations
 
-from storage.engine.core import EnginePart
-from storage.engine.maintenance import apply_topic_retention
-from storage.engine.state import config_to_json
-from storage.errors import (
+from polymq.storage.engine.core import EnginePart
+from polymq.storage.engine.maintenance import apply_topic_retention
+from polymq.storage.engine.state import config_to_json
+from polymq.storage.errors import (
     InvalidArgument,
     NamespaceAlreadyExists,
     OffsetOutOfRange,
     TopicAlreadyExists,
 )
-from storage.model import UNLIMITED, QueueOffsets, QueueRef, TopicConfig, TopicInfo
-from storage.names import check_name
+from polymq.storage.model import UNLIMITED, QueueOffsets, QueueRef, TopicConfig, TopicInfo
+from polymq.storage.names import check_name
 
 __all__ = ["Topics"]
 

@@ -4,12 +4,12 @@ visible like a delayed message that fell due, or rolled back.
 
 from __future__ import annotations
 
-from storage.engine import records as rec
-from storage.engine.appends import Appends, append_result
-from storage.engine.core import EngineCore, EnginePart
-from storage.engine.state import Held
-from storage.errors import InvalidArgument, TransactionNotFound
-from storage.model import AppendRequest, AppendResult, HalfMessage, Message, QueueRef
+from polymq.storage.engine import records as rec
+from polymq.storage.engine.appends import Appends, append_result
+from polymq.storage.engine.core import EngineCore, EnginePart
+from polymq.storage.engine.state import Held
+from polymq.storage.errors import InvalidArgument, TransactionNotFound
+from polymq.storage.model import AppendRequest, AppendResult, HalfMessage, Message, QueueRef
 
 __all__ = ["Transactions"]
 

@@ -5,7 +5,7 @@ errors preserved (:mod:`storage.rpc.codec` is the wire format, pure;
 :mod:`storage.rpc.peer` the asyncio client and server).
 """
 
-from storage.rpc.codec import CodecError, register
-from storage.rpc.peer import Handler, RpcClient, RpcServer
+from polymq.storage.rpc.codec import CodecError, register
+from polymq.storage.rpc.peer import Handler, RpcClient, RpcServer
 
 __all__ = ["CodecError", "Handler", "RpcClient", "RpcServer", "register"]

@@ -336,8 +336,8 @@ class FrameDecoder:
 
 def _register_model() -> None:
     """Codes are part of the wire format: never renumber, only add."""
-    from storage import model as m
-    from storage import routes as ns
+    from polymq.storage import model as m
+    from polymq.storage import routes as ns
 
     for code, cls in enumerate(
         (

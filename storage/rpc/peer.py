@@ -22,14 +22,14 @@ import socket
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
 from typing import Any, cast
 
-from storage.errors import (
+from polymq.storage.errors import (
     InvalidArgument,
     StorageClosed,
     StorageError,
     StorageUnavailable,
     error_from_code,
 )
-from storage.rpc import codec
+from polymq.storage.rpc import codec
 
 __all__ = ["Handler", "RpcClient", "RpcServer"]
 

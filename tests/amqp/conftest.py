@@ -13,7 +13,7 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from protocols.amqp.listener import amqp_listener
+from polymq.protocols.amqp.listener import amqp_listener
 from tests.live_server import LiveServer, live_server
 
 FACTORIES = {"amqp": amqp_listener}

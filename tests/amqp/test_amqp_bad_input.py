@@ -19,8 +19,8 @@ from pamqp import commands
 from pamqp.heartbeat import Heartbeat
 from pika.exceptions import ProbableAccessDeniedError, ProbableAuthenticationError
 
-from gateway.config import AccountConfig, AuthConfig
-from protocols.amqp.codec import (
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.protocols.amqp.codec import (
     HEARTBEAT_BYTES,
     PROTOCOL_HEADER,
     FrameReader,
@@ -28,7 +28,7 @@ from protocols.amqp.codec import (
     content_frames,
     method_frame,
 )
-from protocols.amqp.properties import encode_properties
+from polymq.protocols.amqp.properties import encode_properties
 from tests.amqp.conftest import FACTORIES, WAIT_S, connect, unique
 from tests.live_server import LiveServer, live_server, server_config
 

@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import pytest
 
-from gateway.directory import GatewayEndpoint
-from protocols import interop
-from protocols.amqp.changes import Change, Membership
-from protocols.amqp.errors import ChannelError
-from protocols.amqp.queue_arguments import validate_view
-from protocols.amqp.queues import GROUP, QueueDef
-from storage.model import QueueRef
+from polymq.gateway.directory import GatewayEndpoint
+from polymq.protocols import interop
+from polymq.protocols.amqp.changes import Change, Membership
+from polymq.protocols.amqp.errors import ChannelError
+from polymq.protocols.amqp.queue_arguments import validate_view
+from polymq.protocols.amqp.queues import GROUP, QueueDef
+from polymq.storage.model import QueueRef
 
 
 class _Directory:

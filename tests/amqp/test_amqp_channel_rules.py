@@ -9,9 +9,9 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef
 from tests.amqp.conftest import channel_closed, connect, unique
 from tests.live_server import LiveServer
 
@@ -197,7 +197,7 @@ def test_unacked_delivery_lease_is_renewed(
 ) -> None:
     """Leases shortened to 0.6 s, renewed every 0.1 s: a delivery held for several
     lease lengths stays with its channel, and its ack (with the renewed receipt) works."""
-    from protocols.amqp import channel as channel_module
+    from polymq.protocols.amqp import channel as channel_module
 
     monkeypatch.setattr(channel_module, "INVISIBLE_MS", 600)
     monkeypatch.setattr(channel_module, "_RENEW_EVERY_S", 0.1)

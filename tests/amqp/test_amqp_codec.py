@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pamqp import commands
 
-from protocols.amqp.codec import (
+from polymq.protocols.amqp.codec import (
     PROTOCOL_HEADER,
     ContentHeaderFrame,
     FrameError,
@@ -22,9 +22,9 @@ from protocols.amqp.codec import (
     deliver_frames,
     method_frame,
 )
-from protocols.amqp.dead_letter import add_death
-from protocols.amqp.properties import decode_properties, encode_properties
-from protocols.amqp.routing import headers_match, topic_matches
+from polymq.protocols.amqp.dead_letter import add_death
+from polymq.protocols.amqp.properties import decode_properties, encode_properties
+from polymq.protocols.amqp.routing import headers_match, topic_matches
 
 
 def _frames(data: bytes, chunks: list[int], *, header: bool = False) -> list[tuple[int, Any]]:

@@ -12,10 +12,10 @@ import pika
 import pytest
 from pika.exceptions import ChannelClosedByBroker, NackError
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols.amqp.expiry import sweep_once
-from storage.model import DEFAULT_NAMESPACE
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols.amqp.expiry import sweep_once
+from polymq.storage.model import DEFAULT_NAMESPACE
 from tests.amqp.conftest import WAIT_S, channel_closed, connect, drain, start, unique
 from tests.live_server import LiveServer
 

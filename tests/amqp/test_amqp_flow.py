@@ -10,7 +10,7 @@ from typing import Any
 
 import pika
 
-from protocols.amqp.flow import FlowControl
+from polymq.protocols.amqp.flow import FlowControl
 from tests.amqp.conftest import WAIT_S, connect, unique
 from tests.live_server import LiveServer
 

@@ -18,7 +18,7 @@ import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 from pika.exceptions import AMQPConnectionError, ChannelClosedByBroker, UnroutableError
 
-from protocols import interop
+from polymq.protocols import interop
 from tests.amqp.conftest import FACTORIES, WAIT_S, channel_closed, unique, wait_for
 from tests.live_server import LiveServer, live_gateways
 

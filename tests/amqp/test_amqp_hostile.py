@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 from pamqp import commands, encode
 
-from protocols.amqp.codec import PROTOCOL_HEADER, method_frame
-from protocols.amqp.fields import FieldError, decode_table
+from polymq.protocols.amqp.codec import PROTOCOL_HEADER, method_frame
+from polymq.protocols.amqp.fields import FieldError, decode_table
 from tests.amqp.conftest import FACTORIES, WAIT_S, connect, start, unique, wait_for
 from tests.amqp.test_amqp_bad_input import RawClient
 from tests.live_server import LiveServer, live_server

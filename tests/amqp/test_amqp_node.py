@@ -1,4 +1,4 @@
-"""amqplib from node drives the core flows (tests/node/amqp_client.js): work queue,
+"""amqplib from node drives the core flows (tests/nodejs/amqp_client.js): work queue,
 fanout, confirms, returns, nack/requeue, RPC, priorities, DLX + TTL, a 404."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 from tests.live_server import LiveServer
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "nodejs"
 NODE = shutil.which("node")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cluster_tool import LocalCluster, layout
+from polymq.gateway.cluster_tool import LocalCluster, layout
 from tests.cluster.fast_failure import cluster_env
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from gateway.config import ENV_PREFIX
+from polymq.gateway.config import ENV_PREFIX
 
 __all__ = ["cluster_env"]
 

@@ -18,7 +18,7 @@ import pika
 import pytest
 from pika.exceptions import AMQPError
 
-from gateway.cluster_tool import LocalCluster, layout
+from polymq.gateway.cluster_tool import LocalCluster, layout
 from tests.cluster.fast_failure import cluster_env
 
 _TIMEOUT_S = 60.0

@@ -12,7 +12,7 @@ import uuid
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from gateway.cluster_tool import LocalCluster
+from polymq.gateway.cluster_tool import LocalCluster
 
 _TIMEOUT_S = 90.0
 

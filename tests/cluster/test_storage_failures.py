@@ -17,9 +17,9 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 
-from gateway.cluster_tool import LocalCluster
-from nameserver.client import NameserverClient
-from storage.routes import RouteTable
+from polymq.gateway.cluster_tool import LocalCluster
+from polymq.nameserver.client import NameserverClient
+from polymq.storage.routes import RouteTable
 
 _JSON = {"Accept": "application/json", "Content-Type": "application/json"}
 _TIMEOUT_S = 60.0
@@ -149,7 +149,7 @@ async def test_gateways_ride_out_a_nameserver_restart(cluster: LocalCluster) -> 
 async def test_cluster_status_shows_nodes_gateways_and_placement(
     cluster: LocalCluster, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from gateway.cluster_status import show
+    from polymq.gateway.cluster_status import show
 
     async with _http(cluster, "gateway-2") as http:
         placed, _ = await _queues_on_both_nodes(cluster, http)

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conformance import report
-from conformance.cases import PROTOCOLS, cases_for
-from conformance.results import CaseResult
-from conformance.runner import Target, run_cases
-from gateway.config import AccountConfig, AuthConfig
+from polymq.conformance import report
+from polymq.conformance.cases import PROTOCOLS, cases_for
+from polymq.conformance.results import CaseResult
+from polymq.conformance.runner import Target, run_cases
+from polymq.gateway.config import AccountConfig, AuthConfig
 from tests.live_server import live_server, server_config
 
 USER, PASSWORD = "conformance", "conformance-password"

@@ -14,11 +14,11 @@ import pika
 import pytest
 from pika.adapters.blocking_connection import BlockingChannel
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols import interop
-from storage.errors import TopicAlreadyExists
-from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols import interop
+from polymq.storage.errors import TopicAlreadyExists
+from polymq.storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
 from tests.live_server import LiveServer, live_server
 
 CALLER = Caller(principal=ANONYMOUS, namespace=DEFAULT_NAMESPACE, protocol="test")

@@ -11,11 +11,11 @@ import pika
 import pytest
 from kafka import KafkaProducer
 
-from conformance.interop.drive_kafka import KafkaDriver
-from conformance.interop.drive_mns import MnsDriver
-from conformance.interop.drive_mqtt import MqttDriver
-from conformance.interop.drive_rocketmq import RocketMQDriver
-from protocols import interop
+from polymq.conformance.interop.drive_kafka import KafkaDriver
+from polymq.conformance.interop.drive_mns import MnsDriver
+from polymq.conformance.interop.drive_mqtt import MqttDriver
+from polymq.conformance.interop.drive_rocketmq import RocketMQDriver
+from polymq.protocols import interop
 from tests.live_server import LiveServer, live_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

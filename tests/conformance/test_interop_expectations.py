@@ -7,8 +7,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from conformance.interop import expectations
-from conformance.interop.fields import Arrived, Sent, standard_message
+from polymq.conformance.interop import expectations
+from polymq.conformance.interop.fields import Arrived, Sent, standard_message
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "interop.md"
 

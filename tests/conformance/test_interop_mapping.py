@@ -7,14 +7,14 @@ import dataclasses
 
 from pamqp import commands
 
-from protocols import interop
-from protocols.amqp.properties import decode_properties, delivery_content, to_message
-from protocols.kafka.records import message_headers
-from protocols.mns.messages import render_message
-from protocols.mqtt import codec
-from protocols.mqtt.mapping import publish_from_message
-from protocols.rocketmq.mapping import to_proto
-from storage.model import Message, MessageType, QueueRef, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.amqp.properties import decode_properties, delivery_content, to_message
+from polymq.protocols.kafka.records import message_headers
+from polymq.protocols.mns.messages import render_message
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.mapping import publish_from_message
+from polymq.protocols.rocketmq.mapping import to_proto
+from polymq.storage.model import Message, MessageType, QueueRef, StoredMessage
 
 # A message as another protocol stored it: fields, a user property, and bookkeeping
 # of AMQP, MQTT, MNS and Kafka that no other protocol's consumer should see.

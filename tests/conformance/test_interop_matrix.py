@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from conformance.interop.driver import Driver
-from conformance.interop.expectations import PROTOCOLS
-from conformance.interop.matrix import cell_topic, open_drivers, run_cell
-from conformance.results import Outcome
+from polymq.conformance.interop.driver import Driver
+from polymq.conformance.interop.expectations import PROTOCOLS
+from polymq.conformance.interop.matrix import cell_topic, open_drivers, run_cell
+from polymq.conformance.results import Outcome
 from tests.live_server import live_server
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")

@@ -6,8 +6,8 @@ from __future__ import annotations
 from html.parser import HTMLParser
 from pathlib import Path
 
-from conformance import report
-from conformance.results import CaseResult, Outcome
+from polymq.conformance import report
+from polymq.conformance.results import CaseResult, Outcome
 
 ROWS = [
     CaseResult("amqp", "connect", "pika", Outcome.PASS, 0.01),
@@ -111,7 +111,7 @@ def test_compare_reads_json_results_back(tmp_path: Path) -> None:
     import dataclasses
     import json
 
-    from conformance import compare
+    from polymq.conformance import compare
 
     path = tmp_path / "run.json"
     path.write_text(json.dumps([dataclasses.asdict(r) for r in ROWS]))

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from conformance import cli
-from conformance.results import CaseResult, Outcome
-from conformance.runner import Case, NotApplicable, NotOffered, Target, run_cases, run_one
+from polymq.conformance import cli
+from polymq.conformance.results import CaseResult, Outcome
+from polymq.conformance.runner import Case, NotApplicable, NotOffered, Target, run_cases, run_one
 
 
 @pytest.fixture

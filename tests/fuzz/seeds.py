@@ -34,7 +34,7 @@ def _kafka_frame(api_key: int, version: int, body: dict[str, Any]) -> bytes:
     """A request frame without its size prefix, as ``decode_request`` takes it."""
     from kio.serial import entity_writer
 
-    from protocols.kafka.codec import build, request_class
+    from polymq.protocols.kafka.codec import build, request_class
 
     cls: Any = request_class(api_key, version)
     header_cls = cls.__header_schema__
@@ -54,7 +54,7 @@ def _kafka_frame(api_key: int, version: int, body: dict[str, Any]) -> bytes:
 
 
 def _records() -> list[Any]:
-    from protocols.kafka.records import KafkaRecord
+    from polymq.protocols.kafka.records import KafkaRecord
 
     return [
         KafkaRecord(offset_delta=0, timestamp_ms=1_700_000_000_000, key=b"k", value=b"hello"),
@@ -69,8 +69,8 @@ def _records() -> list[Any]:
 
 
 def kafka_request() -> Iterable[bytes]:
-    from protocols.kafka.records import encode_batch
-    from protocols.kafka.versions import SUPPORTED
+    from polymq.protocols.kafka.records import encode_batch
+    from polymq.protocols.kafka.versions import SUPPORTED
 
     for api_key, (low, high) in SUPPORTED.items():
         for version in range(low, high + 1):
@@ -165,7 +165,7 @@ def kafka_request() -> Iterable[bytes]:
 def kafka_records() -> Iterable[bytes]:
     import cramjam
 
-    from protocols.kafka.records import HEADER_SIZE, encode_batch, encode_control_batch
+    from polymq.protocols.kafka.records import HEADER_SIZE, encode_batch, encode_control_batch
 
     plain = encode_batch(100, _records(), producer_id=7, producer_epoch=0)
     yield plain
@@ -275,7 +275,7 @@ def amqp_frames() -> Iterable[bytes]:
 
 
 def _mqtt(level: int) -> Iterable[bytes]:
-    from protocols.mqtt import codec as c
+    from polymq.protocols.mqtt import codec as c
 
     v5 = level == c.LEVEL_5
     props: Callable[[dict[int, Any]], dict[int, Any]] = lambda p: p if v5 else {}  # noqa: E731
@@ -338,13 +338,13 @@ def _mqtt(level: int) -> Iterable[bytes]:
 
 
 def mqtt311() -> Iterable[bytes]:
-    from protocols.mqtt.codec import LEVEL_311
+    from polymq.protocols.mqtt.codec import LEVEL_311
 
     return _mqtt(LEVEL_311)
 
 
 def mqtt5() -> Iterable[bytes]:
-    from protocols.mqtt.codec import LEVEL_5
+    from polymq.protocols.mqtt.codec import LEVEL_5
 
     return _mqtt(LEVEL_5)
 
@@ -523,8 +523,8 @@ def sql92() -> Iterable[bytes]:
 
 
 def storage_rpc() -> Iterable[bytes]:
-    from storage import model as m
-    from storage.rpc import codec
+    from polymq.storage import model as m
+    from polymq.storage.rpc import codec
 
     queue = m.QueueRef(namespace="ns", topic="orders", queue_id=1)
     message = m.Message(
@@ -581,7 +581,7 @@ def _declare_with_table(table: bytes) -> bytes:
 
 def issue14() -> dict[str, list[tuple[str, bytes]]]:
     """Every input of the issue's findings that reaches a pure codec, by target."""
-    from protocols.mqtt import codec as mqtt
+    from polymq.protocols.mqtt import codec as mqtt
 
     deep_table = b""
     for _ in range(15_000):

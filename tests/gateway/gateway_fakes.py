@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.listeners import ListenerContext, TcpListener
-from storage.memory import MemoryEngine
+from polymq.gateway.listeners import ListenerContext, TcpListener
+from polymq.storage.memory import MemoryEngine
 
 
 @dataclass(frozen=True, slots=True)

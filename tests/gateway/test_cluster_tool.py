@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.cluster_status import render
-from gateway.cluster_tool import layout
-from storage.routes import NodeStatus, RouteTable
+from polymq.gateway.cluster_status import render
+from polymq.gateway.cluster_tool import layout
+from polymq.storage.routes import NodeStatus, RouteTable
 
 
 def test_layout_gives_each_process_its_own_ports_and_folder(tmp_path: Path) -> None:

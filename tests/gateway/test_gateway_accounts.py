@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.accounts import (
+from polymq.gateway.accounts import (
     ANONYMOUS,
     AccessDenied,
     Accounts,
     AuthenticationFailed,
     Principal,
 )
-from gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.config import AccountConfig, AuthConfig
 
 ALICE = AccountConfig(
     user="alice",

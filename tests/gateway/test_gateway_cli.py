@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
+from polymq.gateway.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMANDS = ("storage", "nameserver", "navigation", "gateway", "cluster", "conformance")
@@ -67,8 +67,8 @@ def test_gateway_without_nameservers_exits_2(capsys: pytest.CaptureFixture[str])
 
 
 def test_gateway_flags_reach_the_cluster_config() -> None:
-    from gateway.cli import _overrides, build_parser
-    from gateway.config import load_config
+    from polymq.gateway.cli import _overrides, build_parser
+    from polymq.gateway.config import load_config
 
     args = build_parser().parse_args(
         ["gateway", "--nameserver", "a:1,b:2", "--navigation", "http://n:8090", "--zone", "z1"]
@@ -97,7 +97,7 @@ async def run_until_ready(
     process = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "gateway",
+        "polymq.gateway",
         *args,
         cwd=ROOT,
         env=env,

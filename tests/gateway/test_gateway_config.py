@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import _overrides, build_parser
-from gateway.config import (
+from polymq.gateway.cli import _overrides, build_parser
+from polymq.gateway.config import (
     AccountConfig,
     ConfigError,
     GatewayConfig,
@@ -293,7 +293,7 @@ def test_example_and_docs_mention_every_key() -> None:
 
 
 def test_engine_config_carries_storage_settings() -> None:
-    from storage.engine.config import Durability
+    from polymq.storage.engine.config import Durability
 
     config = load_config(
         None,

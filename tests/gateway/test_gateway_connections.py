@@ -4,15 +4,15 @@ import asyncio
 
 import pytest
 
-from gateway.accounts import Principal
-from gateway.connections import (
+from polymq.gateway.accounts import Principal
+from polymq.gateway.connections import (
     ConnectionRegistry,
     TooManyConnections,
     current_connection_id,
     serving_connection,
 )
-from gateway.metering import Metering
-from storage.clock import ManualClock
+from polymq.gateway.metering import Metering
+from polymq.storage.clock import ManualClock
 
 ALICE = Principal(name="alice", namespaces=frozenset({"a"}), default_namespace="a")
 

@@ -16,7 +16,7 @@ import pika
 import pika.exceptions
 import pytest
 
-from gateway.fairness import FrameBudget, cooperatively
+from polymq.gateway.fairness import FrameBudget, cooperatively
 from tests.kafka.raw import RawKafka
 from tests.live_server import LiveServer, live_server
 

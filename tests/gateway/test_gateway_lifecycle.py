@@ -7,8 +7,8 @@ from typing import cast
 
 import pytest
 
-from gateway.assembly import build_gateway, open_storage, storage_url
-from gateway.config import (
+from polymq.gateway.assembly import build_gateway, open_storage, storage_url
+from polymq.gateway.config import (
     LISTENER_NAMES,
     AccountConfig,
     AuthConfig,
@@ -16,11 +16,11 @@ from gateway.config import (
     GatewayConfig,
     load_config,
 )
-from gateway.gateway import Gateway
-from gateway.listeners import Listener, ListenerContext
-from storage.api import StorageAPI
-from storage.clock import SystemClock
-from storage.memory import MemoryEngine
+from polymq.gateway.gateway import Gateway
+from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.storage.api import StorageAPI
+from polymq.storage.clock import SystemClock
+from polymq.storage.memory import MemoryEngine
 from tests.gateway.gateway_fakes import RecordedStorage, echo_listener
 
 TIMEOUT = 5

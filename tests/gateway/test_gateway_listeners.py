@@ -6,10 +6,10 @@ import socket
 
 import pytest
 
-from gateway.connections import ConnectionRegistry, current_connection_id
-from gateway.listeners import ListenerSet, TcpListener
-from gateway.metering import Metering
-from storage.clock import SystemClock
+from polymq.gateway.connections import ConnectionRegistry, current_connection_id
+from polymq.gateway.listeners import ListenerSet, TcpListener
+from polymq.gateway.metering import Metering
+from polymq.storage.clock import SystemClock
 from tests.gateway.gateway_fakes import echo
 
 TIMEOUT = 5

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from gateway.metering import Metering, Usage, render_prometheus
+from polymq.gateway.metering import Metering, Usage, render_prometheus
 
 
 def test_counts_per_namespace_and_protocol() -> None:

@@ -6,15 +6,15 @@ from typing import Any, cast
 
 import pytest
 
-from gateway.accounts import ANONYMOUS, AccessDenied, Accounts
-from gateway.config import AccountConfig, AuthConfig
-from gateway.metering import Metering, Usage
-from gateway.processor import Caller, Processor
-from storage import batch_formats
-from storage.api import StorageAPI
-from storage.clock import ManualClock
-from storage.memory import MemoryEngine
-from storage.model import AppendRequest, BatchEntry, Message, QueueRef, TopicConfig
+from polymq.gateway.accounts import ANONYMOUS, AccessDenied, Accounts
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.metering import Metering, Usage
+from polymq.gateway.processor import Caller, Processor
+from polymq.storage import batch_formats
+from polymq.storage.api import StorageAPI
+from polymq.storage.clock import ManualClock
+from polymq.storage.memory import MemoryEngine
+from polymq.storage.model import AppendRequest, BatchEntry, Message, QueueRef, TopicConfig
 from tests.gateway.gateway_fakes import RecordedStorage
 
 ACCOUNTS = AuthConfig(
@@ -192,7 +192,7 @@ async def test_open_mode_anonymous_may_use_any_namespace() -> None:
 
 
 async def test_over_the_real_engine(tmp_path: Path) -> None:
-    from storage.engine import Engine, EngineConfig
+    from polymq.storage.engine import Engine, EngineConfig
 
     async with Engine(EngineConfig(data_dir=tmp_path)) as engine:
         metering = Metering()
@@ -215,8 +215,8 @@ def test_processor_covers_every_storage_call() -> None:
     of the storage API (lifecycle aside)."""
     import inspect
 
-    from gateway.processor import Processor
-    from storage.api import StorageAPI
+    from polymq.gateway.processor import Processor
+    from polymq.storage.api import StorageAPI
 
     storage_calls = {
         name
@@ -230,7 +230,7 @@ def test_processor_covers_every_storage_call() -> None:
 async def test_unmetered_reads_are_not_billed_and_queue_state_passes_through(
     tmp_path: Path,
 ) -> None:
-    from storage.engine import Engine, EngineConfig
+    from polymq.storage.engine import Engine, EngineConfig
 
     async with Engine(EngineConfig(data_dir=tmp_path)) as engine:
         metering = Metering()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
+from polymq.storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
 from tests.gateway.gateway_fakes import echo_listener
 from tests.live_server import live_server
 

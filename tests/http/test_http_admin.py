@@ -12,10 +12,10 @@ from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message, QueueMeta
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols.http.listener import HttpListener
-from storage.model import TopicConfig
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols.http.listener import HttpListener
+from polymq.storage.model import TopicConfig
 from tests.live_server import LiveServer
 from tests.mns.harness import (
     ADMIN_PASSWORD,
@@ -227,7 +227,7 @@ async def test_a_handler_bug_is_an_mns_internal_error_and_others_fall_through() 
     from starlette.responses import PlainTextResponse
     from starlette.types import Receive, Scope, Send
 
-    from protocols.mns.routes import MnsDispatcher, Route
+    from polymq.protocols.mns.routes import MnsDispatcher, Route
 
     async def broken(request: Request, queue: str) -> Response:
         raise RuntimeError(f"bug on {queue}")

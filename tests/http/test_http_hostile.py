@@ -24,7 +24,7 @@ import uvloop
 from mns.account import Account
 from mns.queue import Message, QueueMeta
 
-from protocols.http.listener import HttpListener
+from polymq.protocols.http.listener import HttpListener
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, SECRET_KEY, endpoint, start
 from tests.mns.signed import sign_headers

@@ -19,7 +19,7 @@ __all__ = [
     "wait_until",
 ]
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"  # where kafkajs is installed
+NODE_DIR = Path(__file__).resolve().parents[1] / "nodejs"  # where kafkajs is installed
 
 FAST = {
     "socket.timeout.ms": 10000,
@@ -75,7 +75,7 @@ def wait_until(condition: Callable[[], bool], timeout: float = 30.0, what: str =
 
 
 def run_node(script: str, *args: str) -> subprocess.CompletedProcess[str]:
-    """Run a node script of tests/node (where its ``require``s resolve)."""
+    """Run a node script of tests/nodejs (where its ``require``s resolve)."""
     return subprocess.run(
         ["node", str(NODE_DIR / script), *args],
         capture_output=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from protocols.kafka.listener import kafka_listener
+from polymq.protocols.kafka.listener import kafka_listener
 from tests.live_server import LiveServer, live_server
 
 _names = itertools.count()

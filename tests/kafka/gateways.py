@@ -18,12 +18,12 @@ from contextlib import AsyncExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar, cast
 
-from gateway.config import GatewayConfig, engine_config
-from gateway.directory import GatewayEndpoint
-from gateway.gateway import Gateway
-from gateway.listeners import ListenerFactory
-from storage.api import StorageAPI
-from storage.engine import Engine
+from polymq.gateway.config import GatewayConfig, engine_config
+from polymq.gateway.directory import GatewayEndpoint
+from polymq.gateway.gateway import Gateway
+from polymq.gateway.listeners import ListenerFactory
+from polymq.storage.api import StorageAPI
+from polymq.storage.engine import Engine
 from tests.live_server import LiveServer, SharedStorage, server_config
 
 __all__ = ["Gateways", "StaticDirectory", "gateways"]

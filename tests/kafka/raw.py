@@ -20,8 +20,8 @@ from kio.schema.index import api_key_map
 from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
-from protocols.kafka.codec import build, request_class
-from protocols.kafka.records import HEADER_SIZE, KafkaRecord, encode_batch
+from polymq.protocols.kafka.codec import build, request_class
+from polymq.protocols.kafka.records import HEADER_SIZE, KafkaRecord, encode_batch
 
 __all__ = ["RawKafka", "batch_with_body", "encode_request", "sample_request"]
 

@@ -12,7 +12,7 @@ from confluent_kafka.cimpl import NewPartitions, NewTopic
 from kafka.admin import KafkaAdminClient
 from kafka.admin import NewTopic as KNewTopic
 
-from storage.model import TopicConfig
+from polymq.storage.model import TopicConfig
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.live_server import LiveServer
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kio.schema.errors import ErrorCode
 
-from protocols.kafka.listener import kafka_listener
-from protocols.kafka.records import KafkaRecord, encode_batch
+from polymq.protocols.kafka.listener import kafka_listener
+from polymq.protocols.kafka.records import KafkaRecord, encode_batch
 from tests.kafka.raw import RawKafka, batch_with_body
 from tests.live_server import LiveServer, live_server
 

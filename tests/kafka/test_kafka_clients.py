@@ -15,8 +15,8 @@ from confluent_kafka.cimpl import NewTopic
 from kafka import KafkaConsumer, KafkaProducer
 from kafka import TopicPartition as KTopicPartition
 
-from protocols import interop
-from storage.model import AppendRequest, Message, QueueRef
+from polymq.protocols import interop
+from polymq.storage.model import AppendRequest, Message, QueueRef
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.live_server import LiveServer
 

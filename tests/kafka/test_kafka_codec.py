@@ -11,7 +11,7 @@ import pytest
 from kio.schema.errors import ErrorCode
 from kio.serial import entity_reader, entity_writer
 
-from protocols.kafka.codec import (
+from polymq.protocols.kafka.codec import (
     BadRequest,
     UnsupportedVersion,
     build,
@@ -20,7 +20,7 @@ from protocols.kafka.codec import (
     request_class,
     response_class,
 )
-from protocols.kafka.versions import SUPPORTED
+from polymq.protocols.kafka.versions import SUPPORTED
 
 ADVERTISED = [
     (key, version) for key, (low, high) in SUPPORTED.items() for version in range(low, high + 1)

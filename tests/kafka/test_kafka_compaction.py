@@ -13,16 +13,16 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from crc32c import crc32c
 
-from protocols.kafka.compaction import Entry, is_compacted, keep_offsets, plan_partition
-from protocols.kafka.listener import KafkaListener, kafka_listener
-from protocols.kafka.records import (
+from polymq.protocols.kafka.compaction import Entry, is_compacted, keep_offsets, plan_partition
+from polymq.protocols.kafka.listener import KafkaListener, kafka_listener
+from polymq.protocols.kafka.records import (
     BATCH_FORMAT,
     KafkaRecord,
     encode_batch,
     iter_records,
     parse_header,
 )
-from storage.model import UNLIMITED, QueueRef, StoredBatch
+from polymq.storage.model import UNLIMITED, QueueRef, StoredBatch
 from tests.kafka.clients import (
     confluent_consume,
     confluent_consumer,

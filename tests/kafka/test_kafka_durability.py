@@ -9,7 +9,7 @@ from confluent_kafka import TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 
-from protocols.kafka.listener import kafka_listener
+from polymq.protocols.kafka.listener import kafka_listener
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.live_server import live_server
 

@@ -18,11 +18,11 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kio.schema.errors import ErrorCode
 
-from gateway.directory import GatewayEndpoint, owner_of
-from protocols.kafka.cluster import cluster_view
-from protocols.kafka.listener import kafka_listener
-from protocols.kafka.producers import ProducerRegistry, Verdict
-from storage.model import QueueRef, TopicConfig
+from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.protocols.kafka.cluster import cluster_view
+from polymq.protocols.kafka.listener import kafka_listener
+from polymq.protocols.kafka.producers import ProducerRegistry, Verdict
+from polymq.storage.model import QueueRef, TopicConfig
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.kafka.gateways import Gateways, StaticDirectory, gateways
 from tests.kafka.raw import RawKafka

@@ -13,9 +13,9 @@ from confluent_kafka.cimpl import NewTopic
 from kafka import KafkaConsumer
 from kio.schema.errors import ErrorCode
 
-from protocols.kafka.consumer_groups import assign_range
-from protocols.kafka.coordinator import GroupCoordinator, GroupState
-from protocols.kafka.listener import KafkaListener
+from polymq.protocols.kafka.consumer_groups import assign_range
+from polymq.protocols.kafka.coordinator import GroupCoordinator, GroupState
+from polymq.protocols.kafka.listener import KafkaListener
 from tests.kafka.clients import (
     confluent_consume,
     confluent_consumer,

@@ -29,12 +29,12 @@ from kio.schema.errors import ErrorCode
 from mns.account import Account
 from mns.queue import Message, QueueMeta
 
-from gateway.config import AccountConfig, AuthConfig
-from protocols.kafka.bounds import check_request
-from protocols.kafka.codec import BadRequest, decode_request, request_class
-from protocols.kafka.listener import KafkaListener
-from protocols.kafka.records import KafkaRecord, encode_batch
-from protocols.kafka.versions import SUPPORTED
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.protocols.kafka.bounds import check_request
+from polymq.protocols.kafka.codec import BadRequest, decode_request, request_class
+from polymq.protocols.kafka.listener import KafkaListener
+from polymq.protocols.kafka.records import KafkaRecord, encode_batch
+from polymq.protocols.kafka.versions import SUPPORTED
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.kafka.raw import RawKafka, encode_request, sample_request
 from tests.live_server import LiveServer, live_server, server_config
@@ -105,11 +105,11 @@ ABORTING = {
 # input an abort came from) and after it how it ended.
 _CHILD = r"""
 import sys
-from protocols.kafka.codec import decode_request
+from polymq.protocols.kafka.codec import decode_request
 mode = sys.argv[1]
 if mode == "native":
     import struct
-    from protocols.kafka.codec import _reader, request_class
+    from polymq.protocols.kafka.codec import _reader, request_class
 for i, line in enumerate(sys.stdin):
     print("start", i, flush=True)
     frame = bytes.fromhex(line.strip())

@@ -10,8 +10,8 @@ from crc32c import crc32c
 from kafka import KafkaProducer
 from kio.schema.errors import ErrorCode
 
-from protocols.kafka.records import KafkaRecord, encode_batch
-from storage.model import QueueRef
+from polymq.protocols.kafka.records import KafkaRecord, encode_batch
+from polymq.storage.model import QueueRef
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
 from tests.kafka.raw import RawKafka
 from tests.live_server import LiveServer

@@ -12,9 +12,9 @@ from crc32c import crc32c
 from hypothesis import given
 from hypothesis import strategies as st
 
-import protocols.kafka  # noqa: F401  (registers the expander)
-from protocols import interop
-from protocols.kafka.records import (
+import polymq.protocols.kafka  # noqa: F401  (registers the expander)
+from polymq.protocols import interop
+from polymq.protocols.kafka.records import (
     CORRUPT_PROPERTY,
     HEADER_SIZE,
     CorruptBatch,
@@ -27,7 +27,7 @@ from protocols.kafka.records import (
     record_to_message,
     with_base_offset,
 )
-from storage import batch_formats
+from polymq.storage import batch_formats
 from tests.kafka.raw import batch_with_body
 
 records_strategy = st.lists(

@@ -18,9 +18,9 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer, KafkaProducer
 from kio.schema.errors import ErrorCode
 
-from gateway.config import AccountConfig, AuthConfig
-from protocols.kafka.listener import kafka_listener
-from storage.model import QueueRef
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.protocols.kafka.listener import kafka_listener
+from polymq.storage.model import QueueRef
 from tests.kafka.clients import (
     confluent_consume,
     confluent_consumer,

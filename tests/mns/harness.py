@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from mns.account import Account
 
-from gateway.config import AccountConfig, AuthConfig
-from gateway.listeners import Listener, ListenerContext
-from protocols.http.listener import HttpListener
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.protocols.http.listener import HttpListener
 from tests.live_server import LiveServer, live_server, server_config
 
 ACCESS_KEY = "tenant-a-ak"

@@ -13,13 +13,13 @@ from mns.mns_client import MNSClient
 from mns.mns_request import SendMessageRequest
 from mns.mns_xml_handler import MessageEncoder, ReceiptHandlesEncoder, RecvMessageDecoder
 
-from protocols.mns import codec
-from protocols.mns.attributes import QueueAttributes, SubscriptionAttributes
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import body_text, parse_message, render_message
-from protocols.mns.notify import retry_delay_ms
-from protocols.mns.signature import parse_authorization, sign, string_to_sign, verify
-from storage.model import Message, QueueRef, StoredMessage
+from polymq.protocols.mns import codec
+from polymq.protocols.mns.attributes import QueueAttributes, SubscriptionAttributes
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import body_text, parse_message, render_message
+from polymq.protocols.mns.notify import retry_delay_ms
+from polymq.protocols.mns.signature import parse_authorization, sign, string_to_sign, verify
+from polymq.storage.model import Message, QueueRef, StoredMessage
 
 XML_TEXT = st.text(
     # What XML 1.0 can carry: no surrogates, controls, private use or noncharacters.

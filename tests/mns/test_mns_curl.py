@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.config import AuthConfig
+from polymq.gateway.config import AuthConfig
 from tests.mns.harness import start
 
 README = Path(__file__).resolve().parents[2] / "README.md"

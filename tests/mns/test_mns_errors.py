@@ -16,7 +16,7 @@ from mns.account import Account, AccountMeta
 from mns.mns_exception import MNSServerException
 from mns.queue import Message, Queue, QueueMeta
 
-from gateway.config import AuthConfig
+from polymq.gateway.config import AuthConfig
 from tests.live_server import LiveServer, live_server, server_config
 from tests.mns.harness import (
     ACCESS_KEY,

@@ -16,7 +16,7 @@ import pytest
 from mns.account import Account
 from mns.queue import Message, QueueMeta
 
-from gateway.config import AuthConfig
+from polymq.gateway.config import AuthConfig
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, SECRET_KEY, endpoint, start
 from tests.mns.signed import request, sign_headers

@@ -10,10 +10,10 @@ from mns.message_property import MessagePropertyValue, PropertyType
 from mns.queue import Message as MnsMessage
 from mns.queue import QueueMeta
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols import interop
-from storage.model import AppendRequest, Message, QueueRef, TopicConfig
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols import interop
+from polymq.storage.model import AppendRequest, Message, QueueRef, TopicConfig
 from tests.live_server import LiveServer
 from tests.mns.harness import NAMESPACE
 

@@ -17,7 +17,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from gateway.config import AuthConfig
+from polymq.gateway.config import AuthConfig
 from tests.mns.harness import endpoint, start
 
 JSON = {"accept": "application/json", "content-type": "application/json"}

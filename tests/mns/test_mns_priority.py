@@ -10,12 +10,12 @@ import pytest
 from mns.account import Account
 from mns.queue import Message, Queue, QueueMeta
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols.mns.priority import PRIORITY
-from protocols.mns.reclaim import RECLAIM_EVERY
-from storage.model import AppendRequest, QueueOffsets, QueueRef, TopicConfig
-from storage.model import Message as ModelMessage
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols.mns.priority import PRIORITY
+from polymq.protocols.mns.reclaim import RECLAIM_EVERY
+from polymq.storage.model import AppendRequest, QueueOffsets, QueueRef, TopicConfig
+from polymq.storage.model import Message as ModelMessage
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, NAMESPACE, SECRET_KEY, endpoint
 from tests.mns.signed import request

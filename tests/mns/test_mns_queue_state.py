@@ -9,8 +9,8 @@ from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message, Queue, QueueMeta
 
-from protocols.mns.reclaim import RECLAIM_EVERY
-from storage.model import QueueOffsets, QueueRef
+from polymq.protocols.mns.reclaim import RECLAIM_EVERY
+from polymq.storage.model import QueueOffsets, QueueRef
 from tests.live_server import LiveServer
 from tests.mns.harness import NAMESPACE
 

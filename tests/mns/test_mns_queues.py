@@ -13,7 +13,7 @@ from mns.message_property import MessagePropertyValue, PropertyType
 from mns.mns_exception import MNSServerException
 from mns.queue import Message, Queue, QueueMeta
 
-from storage.model import QueueRef
+from polymq.storage.model import QueueRef
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, NAMESPACE, SECRET_KEY, endpoint, start
 from tests.mns.signed import request

@@ -18,10 +18,10 @@ from mns.queue import QueueMeta
 from mns.subscription import SubscriptionMeta
 from mns.topic import TopicMessage, TopicMeta
 
-from gateway.accounts import ANONYMOUS
-from gateway.processor import Caller
-from protocols.mns.notify import push_group, push_topic
-from storage.model import QueueRef
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.protocols.mns.notify import push_group, push_topic
+from polymq.storage.model import QueueRef
 from tests.live_server import LiveServer
 from tests.mns.harness import ACCESS_KEY, NAMESPACE, SECRET_KEY, endpoint, start
 from tests.mns.signed import request

@@ -20,10 +20,10 @@ from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gateway.config import AccountConfig, AuthConfig
-from protocols.mqtt import codec
-from protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
-from protocols.mqtt.options import MqttOptions
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.listener import mqtt_listener, mqtt_ws_listener
+from polymq.protocols.mqtt.options import MqttOptions
 from tests.live_server import LiveServer, live_server, server_config
 
 __all__ = [

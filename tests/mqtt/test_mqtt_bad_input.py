@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from protocols.mqtt import codec
+from polymq.protocols.mqtt import codec
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server
 

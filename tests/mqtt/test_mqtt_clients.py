@@ -13,7 +13,7 @@ import pytest
 
 from tests.mqtt.helpers import TIMEOUT, Paho, mqtt_server
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "nodejs"
 
 
 async def test_gmqtt_v5_and_v311(tmp_path: Path) -> None:

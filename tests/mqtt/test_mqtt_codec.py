@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from protocols.mqtt import codec
+from polymq.protocols.mqtt import codec
 
 PACKETS: list[tuple[codec.Packet, int]] = [
     (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TypeVar
 
-from protocols.mqtt import codec
+from polymq.protocols.mqtt import codec
 from tests.crash_server import crash_server, free_port
 from tests.mqtt.helpers import RawClient
 

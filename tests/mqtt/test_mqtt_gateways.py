@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from gateway.cluster_tool import LocalCluster, layout
-from gateway.processor import Caller
-from protocols.mqtt.mapping import storage_topic
-from protocols.mqtt.services import serving
-from storage.model import AppendRequest, Message, QueueRef
+from polymq.gateway.cluster_tool import LocalCluster, layout
+from polymq.gateway.processor import Caller
+from polymq.protocols.mqtt.mapping import storage_topic
+from polymq.protocols.mqtt.services import serving
+from polymq.storage.model import AppendRequest, Message, QueueRef
 from tests.cluster.fast_failure import cluster_env
 from tests.live_server import LiveServer, live_gateways, server_config
 

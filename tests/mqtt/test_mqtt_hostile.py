@@ -23,10 +23,10 @@ from websockets.server import ServerProtocol
 from websockets.sync.client import connect as ws_connect
 from websockets.typing import Subprotocol
 
-from protocols.mqtt import codec
-from protocols.mqtt.broker import MqttBroker
-from protocols.mqtt.services import serving
-from protocols.mqtt.ws_handshake import _send_eof_once
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.services import serving
+from polymq.protocols.mqtt.ws_handshake import _send_eof_once
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import TIMEOUT, Paho, RawClient, mqtt_server, wait_until
 

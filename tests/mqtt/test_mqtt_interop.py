@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.accounts import Principal
-from gateway.processor import Caller
-from protocols import interop
-from storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
+from polymq.gateway.accounts import Principal
+from polymq.gateway.processor import Caller
+from polymq.protocols import interop
+from polymq.storage.model import DEFAULT_NAMESPACE, AppendRequest, Message, QueueRef, TopicConfig
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, mqtt_server
 

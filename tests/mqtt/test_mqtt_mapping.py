@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from protocols import interop
-from protocols.mqtt import codec
-from protocols.mqtt.mapping import (
+from polymq.protocols import interop
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.mapping import (
     message_from_publish,
     mqtt_topic_of,
     publish_from_message,
     published_qos,
     storage_topic,
 )
-from storage.model import Message
+from polymq.storage.model import Message
 
 
 def test_storage_topic_is_the_first_level() -> None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from protocols.mqtt import codec
-from protocols.mqtt.options import MqttOptions
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.options import MqttOptions
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server
 
 

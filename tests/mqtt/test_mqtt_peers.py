@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from protocols import interop
-from protocols.mqtt.peers import (
+from polymq.protocols import interop
+from polymq.protocols.mqtt.peers import (
     GATEWAY_PROPERTY,
     Event,
     decode_event,
@@ -11,7 +11,7 @@ from protocols.mqtt.peers import (
     stamp_of,
     stamped,
 )
-from storage.model import Message, QueueRef, StoredMessage
+from polymq.storage.model import Message, QueueRef, StoredMessage
 
 
 def test_events_round_trip() -> None:

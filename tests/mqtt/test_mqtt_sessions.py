@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from protocols.mqtt import codec
-from protocols.mqtt.broker import MqttBroker
-from storage.model import DEFAULT_NAMESPACE, TopicConfig
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.storage.model import DEFAULT_NAMESPACE, TopicConfig
 from tests.live_server import LiveServer
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server, wait_until
 

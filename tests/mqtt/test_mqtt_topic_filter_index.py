@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from protocols.mqtt.topic_filter_index import (
+from polymq.protocols.mqtt.topic_filter_index import (
     TopicFilterIndex,
     filter_matches,
     is_valid_filter,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from protocols.mqtt import codec
+from polymq.protocols.mqtt import codec
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server, paho_properties, wait_until
 
 

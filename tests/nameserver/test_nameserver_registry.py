@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nameserver.registry import Registry
-from storage.errors import InvalidArgument, StorageUnavailable
-from storage.routes import NodeHeartbeat, TopicKey
+from polymq.nameserver.registry import Registry
+from polymq.storage.errors import InvalidArgument, StorageUnavailable
+from polymq.storage.routes import NodeHeartbeat, TopicKey
 
 EXPIRY = 10_000
 T0 = 1_700_000_000_000
@@ -128,7 +128,7 @@ def test_a_topic_reported_by_two_nodes_goes_to_the_lowest_id(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     registry = Registry(node_expiry_ms=EXPIRY)
-    with caplog.at_level(logging.WARNING, logger="nameserver.registry"):
+    with caplog.at_level(logging.WARNING, logger="polymq.nameserver.registry"):
         registry.heartbeat(beat("node-b", topics=(("ns", "t"),), homes=("ns",)), T0)
         registry.heartbeat(beat("node-a", topics=(("ns", "t"),), homes=("ns",)), T0)
         registry.heartbeat(beat("node-c", topics=(("ns", "t"),)), T0)
@@ -141,7 +141,7 @@ def test_a_topic_reported_by_two_nodes_goes_to_the_lowest_id(
     assert conflicts
     # Logged when the conflict appears, not again at every heartbeat.
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="nameserver.registry"):
+    with caplog.at_level(logging.WARNING, logger="polymq.nameserver.registry"):
         registry.heartbeat(beat("node-a", topics=(("ns", "t"),), homes=("ns",)), T0 + 1)
         registry.heartbeat(beat("node-a", topics=(("ns", "t"), ("ns", "u")), homes=("ns",)), T0)
     assert not [r for r in caplog.records if "two nodes" in r.getMessage()]

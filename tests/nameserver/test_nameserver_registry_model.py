@@ -8,8 +8,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from nameserver.registry import Registry
-from storage.routes import NodeHeartbeat, RouteTable, TopicKey
+from polymq.nameserver.registry import Registry
+from polymq.storage.routes import NodeHeartbeat, RouteTable, TopicKey
 
 EXPIRY = 1000
 NODES = ("n1", "n2", "n3")

@@ -12,14 +12,14 @@ from dataclasses import replace
 
 import pytest
 
-from gateway.config import GatewayConfig, NameserverConfig, ServerConfig
-from gateway.roles import serve_nameserver
-from nameserver.client import NameserverClient, parse_address
-from nameserver.server import Nameserver
-from storage.clock import ManualClock
-from storage.errors import InvalidArgument, InvalidName, StorageUnavailable
-from storage.routes import NodeHeartbeat, RouteTable
-from storage.rpc import RpcClient
+from polymq.gateway.config import GatewayConfig, NameserverConfig, ServerConfig
+from polymq.gateway.roles import serve_nameserver
+from polymq.nameserver.client import NameserverClient, parse_address
+from polymq.nameserver.server import Nameserver
+from polymq.storage.clock import ManualClock
+from polymq.storage.errors import InvalidArgument, InvalidName, StorageUnavailable
+from polymq.storage.routes import NodeHeartbeat, RouteTable
+from polymq.storage.rpc import RpcClient
 
 WAIT_S = 10.0
 
@@ -137,7 +137,7 @@ async def test_heartbeats_reach_every_nameserver_and_a_dead_one_is_skipped(
     dead = f"127.0.0.1:{await free_port()}"
     async with Nameserver() as first, Nameserver() as second:
         async with client_of(address(first), dead, address(second)) as client:
-            with caplog.at_level(logging.INFO, logger="nameserver.client"):
+            with caplog.at_level(logging.INFO, logger="polymq.nameserver.client"):
                 for _ in range(3):
                     assert await client.heartbeat(beat("a", "t")) == 2
             # Logged once, not at every beat.
@@ -244,7 +244,7 @@ async def test_serve_nameserver_logs_its_address_and_ready(
         nameserver=NameserverConfig(port=0, node_expiry_ms=5000),
     )
     stop = asyncio.Event()
-    with caplog.at_level(logging.INFO, logger="gateway.roles"):
+    with caplog.at_level(logging.INFO, logger="polymq.gateway.roles"):
         task = asyncio.create_task(serve_nameserver(config, stop))
 
         async def ready() -> bool:

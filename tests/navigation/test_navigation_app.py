@@ -11,10 +11,10 @@ from typing import Any
 import httpx
 import pytest
 
-from gateway.config import GatewayConfig, NavigationConfig, ServerConfig
-from gateway.roles import serve_navigation
-from navigation.server import NavigationServer
-from storage.clock import ManualClock
+from polymq.gateway.config import GatewayConfig, NavigationConfig, ServerConfig
+from polymq.gateway.roles import serve_navigation
+from polymq.navigation.server import NavigationServer
+from polymq.storage.clock import ManualClock
 
 EXPIRY = 10_000
 
@@ -139,7 +139,7 @@ async def test_serve_navigation_logs_its_address_and_ready(
         server=ServerConfig(host="127.0.0.1"), navigation=NavigationConfig(port=0)
     )
     stop = asyncio.Event()
-    with caplog.at_level(logging.INFO, logger="gateway.roles"):
+    with caplog.at_level(logging.INFO, logger="polymq.gateway.roles"):
         task = asyncio.create_task(serve_navigation(config, stop))
         async with asyncio.timeout(10):
             while not any(r.getMessage() == "ready" for r in caplog.records):

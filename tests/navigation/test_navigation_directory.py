@@ -12,9 +12,9 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import httpx
 import pytest
 
-from gateway.directory import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
-from navigation.directory import NavigationDirectory
-from navigation.server import NavigationServer
+from polymq.gateway.directory import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
+from polymq.navigation.directory import NavigationDirectory
+from polymq.navigation.server import NavigationServer
 
 WAIT_S = 10.0
 BEAT_MS = 50
@@ -141,7 +141,7 @@ async def test_without_navigation_a_gateway_lists_itself_alone(
     alone = directory(f"http://127.0.0.1:{port}", "g-alone", kafka=9001)
     # Before start too: a handler may ask while the gateway is starting.
     assert ids(alone, "kafka") == ["g-alone"]
-    with caplog.at_level(logging.WARNING, logger="navigation.directory"):
+    with caplog.at_level(logging.WARNING, logger="polymq.navigation.directory"):
         async with started(alone):
             assert not alone.reachable
             [own] = alone.endpoints("kafka")

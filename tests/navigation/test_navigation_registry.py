@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from navigation.registry import GatewayRegistry, Listener
+from polymq.navigation.registry import GatewayRegistry, Listener
 
 T0 = 1_700_000_000_000
 EXPIRY = 10_000

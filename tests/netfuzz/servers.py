@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psutil
 
-from gateway.cluster_tool import LocalCluster, ProcessSpec, layout
-from gateway.config import ENV_PREFIX, LISTENER_NAMES
+from polymq.gateway.cluster_tool import LocalCluster, ProcessSpec, layout
+from polymq.gateway.config import ENV_PREFIX, LISTENER_NAMES
 from tests.cluster.fast_failure import cluster_env
 
 __all__ = ["FORMS", "Exit", "FuzzServer", "fuzz_settings"]

@@ -21,11 +21,11 @@ from rocketmq import (
 )
 from rocketmq.grpc_protocol import MessagingServiceStub, definition_pb2
 
-from gateway.accounts import ANONYMOUS
-from gateway.listeners import Listener, ListenerContext
-from gateway.processor import Caller
-from protocols.rocketmq import RocketMQOptions, auth, rocketmq_listener
-from storage.model import DEFAULT_NAMESPACE, GroupConfig, TopicConfig
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq import RocketMQOptions, auth, rocketmq_listener
+from polymq.storage.model import DEFAULT_NAMESPACE, GroupConfig, TopicConfig
 from tests.live_server import LiveServer, live_server
 
 _T = TypeVar("_T")

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from gateway.accounts import ANONYMOUS
-from gateway.config import AccountConfig, AuthConfig
-from gateway.processor import Caller
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.processor import Caller
 from tests.live_server import LiveServer, live_server, server_config
 from tests.rocketmq.conftest import (
     factory,

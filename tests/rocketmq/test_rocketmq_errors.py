@@ -12,7 +12,7 @@ import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 from rocketmq.v5.exception import IllegalArgumentException
 
-from storage.model import MessageType, TopicConfig
+from polymq.storage.model import MessageType, TopicConfig
 from tests.live_server import LiveServer, live_server
 from tests.rocketmq.conftest import (
     create_topic,

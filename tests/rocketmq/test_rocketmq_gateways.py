@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from gateway.directory import GatewayEndpoint, owner_of
-from protocols.rocketmq.status import Code
-from storage.model import TopicConfig
+from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.protocols.rocketmq.status import Code
+from polymq.storage.model import TopicConfig
 from tests.kafka.gateways import Gateways, gateways
 from tests.rocketmq.conftest import (
     create_topic,

@@ -21,9 +21,9 @@ import grpc
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from protocols.mqtt import codec
-from protocols.mqtt.listener import mqtt_listener
-from protocols.rocketmq.listener import RocketMQListener
+from polymq.protocols.mqtt import codec
+from polymq.protocols.mqtt.listener import mqtt_listener
+from polymq.protocols.rocketmq.listener import RocketMQListener
 from tests.live_server import LiveServer, live_server
 from tests.mqtt.helpers import RawClient
 from tests.rocketmq.conftest import (

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from protocols.rocketmq import RocketMQListener
-from protocols.rocketmq.activities.telemetry import print_thread_stack_trace, verify_message
+from polymq.protocols.rocketmq import RocketMQListener
+from polymq.protocols.rocketmq.activities.telemetry import print_thread_stack_trace, verify_message
 from tests.live_server import LiveServer
 from tests.rocketmq.conftest import (
     endpoint,
@@ -24,7 +24,7 @@ from tests.rocketmq.conftest import (
     wait_until,
 )
 
-NODE_DIR = Path(__file__).resolve().parents[1] / "node"
+NODE_DIR = Path(__file__).resolve().parents[1] / "nodejs"
 SCRIPT = NODE_DIR / "rocketmq_produce_consume.js"
 
 pytestmark = pytest.mark.skipif(

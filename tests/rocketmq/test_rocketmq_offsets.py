@@ -7,7 +7,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from storage.model import TopicConfig
+from polymq.storage.model import TopicConfig
 from tests.live_server import LiveServer
 from tests.rocketmq.conftest import create_topic, raw_message, raw_stub, signed, unique
 

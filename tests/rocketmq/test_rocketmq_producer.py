@@ -14,7 +14,7 @@ import pytest
 from rocketmq import TransactionChecker, TransactionResolution
 from rocketmq.v5.exception import ClientException
 
-from storage.model import GroupConfig, MessageType, QueueRef, TopicConfig
+from polymq.storage.model import GroupConfig, MessageType, QueueRef, TopicConfig
 from tests.live_server import LiveServer, live_server
 from tests.rocketmq.conftest import (
     ADMIN,

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
 
-from protocols.rocketmq import RocketMQListener
-from storage.model import GroupConfig, QueueRef
+from polymq.protocols.rocketmq import RocketMQListener
+from polymq.storage.model import GroupConfig, QueueRef
 from tests.live_server import LiveServer, live_server
 from tests.rocketmq.conftest import (
     ADMIN,

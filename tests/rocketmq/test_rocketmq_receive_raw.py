@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from storage.errors import TopicNotFound
-from storage.model import DEFAULT_NAMESPACE, GroupConfig
+from polymq.storage.errors import TopicNotFound
+from polymq.storage.model import DEFAULT_NAMESPACE, GroupConfig
 from tests.live_server import LiveServer, live_server
 from tests.rocketmq.conftest import (
     TEST_OPTIONS,

@@ -7,8 +7,8 @@ from rocketmq import FilterExpression
 from rocketmq.grpc_protocol import Code, FilterType
 from rocketmq.v5.exception import BadRequestException
 
-from protocols import interop
-from storage.model import AppendRequest, GroupConfig, Message, QueueRef, TopicConfig
+from polymq.protocols import interop
+from polymq.storage.model import AppendRequest, GroupConfig, Message, QueueRef, TopicConfig
 from tests.live_server import LiveServer
 from tests.rocketmq.conftest import (
     ADMIN,

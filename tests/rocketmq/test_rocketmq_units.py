@@ -7,10 +7,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rocketmq.grpc_protocol import Code, definition_pb2
 
-from protocols import interop
-from protocols.rocketmq import auth, filters, mapping, sql92
-from protocols.rocketmq.status import RpcFailure
-from storage.model import Message, MessageType, QueueRef, StoredMessage
+from polymq.protocols import interop
+from polymq.protocols.rocketmq import auth, filters, mapping, sql92
+from polymq.protocols.rocketmq.status import RpcFailure
+from polymq.storage.model import Message, MessageType, QueueRef, StoredMessage
 
 MESSAGE = Message(
     body=b"b", tag="t1", properties=(("a", b"5"), ("s", b"hello world"), ("flag", b"true"))

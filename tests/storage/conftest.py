@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from storage.clock import ManualClock
-from storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Durability, Engine, EngineConfig
 
 EngineFactory = Callable[..., Engine]
 

@@ -35,9 +35,9 @@ from collections.abc import Awaitable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from storage.engine import Durability, Engine, EngineConfig
-from storage.errors import TopicAlreadyExists
-from storage.model import (
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.errors import TopicAlreadyExists
+from polymq.storage.model import (
     DEFAULT_NAMESPACE,
     AppendRequest,
     BatchEntry,

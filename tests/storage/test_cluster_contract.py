@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from storage.clock import ManualClock
-from storage.cluster import ClusterStorage
+from polymq.storage.clock import ManualClock
+from polymq.storage.cluster import ClusterStorage
 from tests.storage import test_engine as contract
 from tests.storage.conftest import EngineFactory
 from tests.storage.test_cluster_harness import EngineNode, Pool, RegistrySource

@@ -11,16 +11,16 @@ from typing import cast
 
 import pytest
 
-from nameserver.client import NameserverClient
-from nameserver.server import Nameserver
-from storage.cluster import ClusterStorage
-from storage.cluster_routes import NodeClient
-from storage.engine import Durability, Engine, EngineConfig
-from storage.errors import StorageUnavailable, TopicNotFound
-from storage.model import AppendRequest, Message, QueueRef
-from storage.node import StorageNode
-from storage.remote import RemoteStorage
-from storage.routes import NodeStatus
+from polymq.nameserver.client import NameserverClient
+from polymq.nameserver.server import Nameserver
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.cluster_routes import NodeClient
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.errors import StorageUnavailable, TopicNotFound
+from polymq.storage.model import AppendRequest, Message, QueueRef
+from polymq.storage.node import StorageNode
+from polymq.storage.remote import RemoteStorage
+from polymq.storage.routes import NodeStatus
 from tests.storage.test_cluster_harness import eventually
 
 NS = "default"

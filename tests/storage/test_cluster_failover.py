@@ -8,10 +8,10 @@ from typing import cast
 
 import pytest
 
-from storage.cluster import ClusterStorage
-from storage.errors import StorageUnavailable
-from storage.model import AppendRequest, Message, QueueRef
-from storage.routes import RouteTable
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.errors import StorageUnavailable
+from polymq.storage.model import AppendRequest, Message, QueueRef
+from polymq.storage.routes import RouteTable
 from tests.storage.test_cluster_harness import (  # noqa: F401
     EngineNode,
     Pool,

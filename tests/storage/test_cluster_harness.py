@@ -21,13 +21,13 @@ from typing import Any, cast
 
 import pytest
 
-from nameserver.registry import Registry
-from storage.cluster import ClusterStorage
-from storage.cluster_routes import NodeClient
-from storage.engine import Durability, Engine, EngineConfig
-from storage.errors import NamespaceAlreadyExists, StorageUnavailable
-from storage.model import QueueRef
-from storage.routes import NodeHeartbeat, NodeStatus, RouteTable
+from polymq.nameserver.registry import Registry
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.cluster_routes import NodeClient
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.errors import NamespaceAlreadyExists, StorageUnavailable
+from polymq.storage.model import QueueRef
+from polymq.storage.routes import NodeHeartbeat, NodeStatus, RouteTable
 
 __all__ = [
     "EngineNode",

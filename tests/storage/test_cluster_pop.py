@@ -9,11 +9,11 @@ from typing import Any, cast
 
 import pytest
 
-from storage.cluster import ClusterStorage
-from storage.cluster_pop import Overflow, pop_spread
-from storage.cluster_routes import Node, NodeClient
-from storage.errors import InvalidArgument, InvalidName, InvalidReceipt, StorageError
-from storage.model import (
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.cluster_pop import Overflow, pop_spread
+from polymq.storage.cluster_routes import Node, NodeClient
+from polymq.storage.errors import InvalidArgument, InvalidName, InvalidReceipt, StorageError
+from polymq.storage.model import (
     AppendRequest,
     GroupConfig,
     Message,
@@ -21,7 +21,7 @@ from storage.model import (
     StoredMessage,
     TopicConfig,
 )
-from storage.routes import NodeStatus
+from polymq.storage.routes import NodeStatus
 from tests.storage.test_cluster_harness import (  # noqa: F401
     Pool,
     cluster_fixture,

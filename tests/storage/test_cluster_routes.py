@@ -8,11 +8,11 @@ from typing import cast
 
 import pytest
 
-from storage.cluster import ClusterStorage
-from storage.cluster_routes import LOCAL_GRACE_MS, NodeClient, RouteCache
-from storage.errors import TopicNotFound
-from storage.model import AppendRequest, Message, QueueRef
-from storage.routes import NodeStatus, RouteTable
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.cluster_routes import LOCAL_GRACE_MS, NodeClient, RouteCache
+from polymq.storage.errors import TopicNotFound
+from polymq.storage.model import AppendRequest, Message, QueueRef
+from polymq.storage.routes import NodeStatus, RouteTable
 from tests.storage.test_cluster_harness import Pool, eventually, pool_fixture  # noqa: F401
 
 NS = "default"

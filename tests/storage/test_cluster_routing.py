@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from storage.api import StorageAPI
-from storage.cluster import ClusterStorage
-from storage.errors import (
+from polymq.storage.api import StorageAPI
+from polymq.storage.cluster import ClusterStorage
+from polymq.storage.errors import (
     InvalidArgument,
     NamespaceAlreadyExists,
     NamespaceNotFound,
     TopicNotFound,
     TransactionNotFound,
 )
-from storage.model import AppendRequest, GroupConfig, Message, QueueRef, TopicConfig
+from polymq.storage.model import AppendRequest, GroupConfig, Message, QueueRef, TopicConfig
 from tests.storage.test_cluster_harness import Pool, cluster_fixture, pool_fixture  # noqa: F401
 
 NS = "default"

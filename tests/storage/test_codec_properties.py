@@ -15,8 +15,8 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage.engine import records as rec
-from storage.model import BatchEntry, Message
+from polymq.storage.engine import records as rec
+from polymq.storage.model import BatchEntry, Message
 
 I64 = st.integers(min_value=-(2**63), max_value=2**63 - 1)
 U32 = st.integers(min_value=0, max_value=2**32 - 1)

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from storage.engine import Engine
-from storage.errors import InvalidArgument
-from storage.model import (
+from polymq.storage.engine import Engine
+from polymq.storage.errors import InvalidArgument
+from polymq.storage.model import (
     AppendRequest,
     BatchEntry,
     GroupConfig,

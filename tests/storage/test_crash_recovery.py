@@ -26,9 +26,16 @@ from pathlib import Path
 import crc32c
 import pytest
 
-from storage.clock import ManualClock
-from storage.engine import Durability, Engine, EngineConfig
-from storage.model import AppendRequest, BatchEntry, Message, QueueRef, StoredMessage, TopicConfig
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.model import (
+    AppendRequest,
+    BatchEntry,
+    Message,
+    QueueRef,
+    StoredMessage,
+    TopicConfig,
+)
 from tests.storage import crash_worker as worker
 
 WORKER = Path(worker.__file__).resolve()

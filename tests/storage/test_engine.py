@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import errors
-from storage.clock import ManualClock
-from storage.engine import Engine, EngineConfig
-from storage.model import (
+from polymq.storage import errors
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Engine, EngineConfig
+from polymq.storage.model import (
     UNLIMITED,
     AppendRequest,
     BatchEntry,
@@ -865,7 +865,7 @@ async def test_registered_batch_format_is_stored_once_and_expanded_on_read(
 ) -> None:
     """A format with a registered expander keeps only the raw bytes; reads one message
     at a time expand them."""
-    from storage import batch_formats
+    from polymq.storage import batch_formats
 
     def split_lines(raw: bytes) -> tuple[Message, ...]:
         return tuple(Message(body=line) for line in raw.split(b"\n"))

@@ -7,7 +7,7 @@ import logging
 
 import pytest
 
-from storage.lifecycle import Service, TaskSet
+from polymq.storage.lifecycle import Service, TaskSet
 
 
 async def test_close_cancels_and_awaits_every_task() -> None:
@@ -43,7 +43,7 @@ async def test_a_failed_task_is_logged_with_its_owner(caplog: pytest.LogCaptureF
     async def boom() -> None:
         raise ValueError("bad")
 
-    with caplog.at_level(logging.ERROR, logger="storage.lifecycle"):
+    with caplog.at_level(logging.ERROR, logger="polymq.storage.lifecycle"):
         task = tasks.spawn(boom(), name="boom-task")
         await asyncio.gather(task, return_exceptions=True)
         await asyncio.sleep(0)

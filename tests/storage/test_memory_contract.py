@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from storage.clock import ManualClock
-from storage.engine import Durability, EngineConfig
-from storage.memory import MemoryEngine
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Durability, EngineConfig
+from polymq.storage.memory import MemoryEngine
 from tests.storage import test_engine as contract
 
 

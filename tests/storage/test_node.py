@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from protocols.kafka.records import KafkaRecord, encode_batch
-from storage.engine.ids import load_node_id
-from storage.errors import StorageClosed
-from storage.model import AppendRequest, BatchEntry, QueueRef, TopicConfig
-from storage.node import HOME_KIND, StorageNode
-from storage.remote import RemoteStorage
-from storage.routes import NodeHeartbeat
-from storage.rpc import RpcServer
+from polymq.protocols.kafka.records import KafkaRecord, encode_batch
+from polymq.storage.engine.ids import load_node_id
+from polymq.storage.errors import StorageClosed
+from polymq.storage.model import AppendRequest, BatchEntry, QueueRef, TopicConfig
+from polymq.storage.node import HOME_KIND, StorageNode
+from polymq.storage.remote import RemoteStorage
+from polymq.storage.routes import NodeHeartbeat
+from polymq.storage.rpc import RpcServer
 from tests.storage.conftest import EngineFactory
 
 WAIT = 10.0  # seconds: a generous bound on waiting for a condition
@@ -221,8 +221,8 @@ async def test_serve_node_runs_a_node_process_that_expands_kafka_batches(
     await fake.server.start()
     script = (
         "import asyncio, logging, sys\n"
-        "from gateway.config import load_config\n"
-        "from gateway.roles import serve_node\n"
+        "from polymq.gateway.config import load_config\n"
+        "from polymq.gateway.roles import serve_node\n"
         "logging.basicConfig(level=logging.INFO, stream=sys.stdout)\n"
         "config = load_config(overrides={'storage.data_dir': sys.argv[1],"
         " 'node.port': '0', 'cluster.nameservers': sys.argv[2],"

@@ -35,11 +35,16 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from storage import batch_formats
-from storage.clock import ManualClock
-from storage.engine import Durability, Engine, EngineConfig
-from storage.errors import InvalidArgument, InvalidReceipt, TopicNotFound, TransactionNotFound
-from storage.model import (
+from polymq.storage import batch_formats
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Durability, Engine, EngineConfig
+from polymq.storage.errors import (
+    InvalidArgument,
+    InvalidReceipt,
+    TopicNotFound,
+    TransactionNotFound,
+)
+from polymq.storage.model import (
     DEFAULT_NAMESPACE,
     AppendRequest,
     AppendResult,

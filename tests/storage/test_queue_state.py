@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from storage import errors
-from storage.clock import ManualClock
-from storage.engine import Engine, EngineConfig
-from storage.model import AppendRequest, Message, QueueRef, TopicConfig
+from polymq.storage import errors
+from polymq.storage.clock import ManualClock
+from polymq.storage.engine import Engine, EngineConfig
+from polymq.storage.model import AppendRequest, Message, QueueRef, TopicConfig
 from tests.storage.conftest import EngineFactory
 
 NS = "default"

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from storage.node import StorageNode
-from storage.remote import RemoteStorage
+from polymq.storage.node import StorageNode
+from polymq.storage.remote import RemoteStorage
 from tests.storage import test_engine as contract
 from tests.storage.conftest import EngineFactory
 

@@ -13,12 +13,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-import protocols.kafka  # noqa: F401  (registers the kafka.v2 expander in this process)
-from protocols.kafka.records import KafkaRecord, encode_batch
-from storage import errors
-from storage.api import StorageAPI
-from storage.clock import ManualClock
-from storage.model import (
+import polymq.protocols.kafka  # noqa: F401  (registers the kafka.v2 expander in this process)
+from polymq.protocols.kafka.records import KafkaRecord, encode_batch
+from polymq.storage import errors
+from polymq.storage.api import StorageAPI
+from polymq.storage.clock import ManualClock
+from polymq.storage.model import (
     AppendRequest,
     BatchEntry,
     CommittedOffset,
@@ -28,8 +28,8 @@ from storage.model import (
     QueueRef,
     TopicConfig,
 )
-from storage.node import SERVED_METHODS, StorageNode
-from storage.remote import RemoteStorage
+from polymq.storage.node import SERVED_METHODS, StorageNode
+from polymq.storage.remote import RemoteStorage
 from tests.storage.conftest import EngineFactory
 
 NS = "default"

@@ -19,10 +19,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from storage import errors
-from storage import model as m
-from storage import routes as ns
-from storage.rpc import RpcClient, RpcServer, codec
+from polymq.storage import errors
+from polymq.storage import model as m
+from polymq.storage import routes as ns
+from polymq.storage.rpc import RpcClient, RpcServer, codec
 
 # Every dataclass of both models: a new one that is not registered fails here.
 MODEL_TYPES: tuple[type, ...] = tuple(
@@ -300,22 +300,22 @@ async def test_arguments_a_method_does_not_take_are_invalid_argument_in_one_log_
     await server.start()
     client = RpcClient(*server.address)
     try:
-        with caplog.at_level(logging.INFO, logger="storage.rpc.peer"):
+        with caplog.at_level(logging.INFO, logger="polymq.storage.rpc.peer"):
             with pytest.raises(errors.InvalidArgument, match="bad arguments for one"):
                 await client.call("one", 1, 2)
             with pytest.raises(errors.InvalidArgument, match="bad arguments for one"):
                 await client.call("one", y=3)
-        records = [r for r in caplog.records if r.name == "storage.rpc.peer"]
+        records = [r for r in caplog.records if r.name == "polymq.storage.rpc.peer"]
         assert len(records) == 2
         assert all(r.levelno == logging.WARNING and r.exc_info is None for r in records)
         caplog.clear()
         with (
-            caplog.at_level(logging.INFO, logger="storage.rpc.peer"),
+            caplog.at_level(logging.INFO, logger="polymq.storage.rpc.peer"),
             pytest.raises(errors.StorageError, match="our own bug") as raised,
         ):
             await client.call("buggy", 1)
         assert not isinstance(raised.value, errors.InvalidArgument)
-        assert any(r.exc_info for r in caplog.records if r.name == "storage.rpc.peer")
+        assert any(r.exc_info for r in caplog.records if r.name == "polymq.storage.rpc.peer")
         assert await client.call("one", 5) == 5  # the connection stays
     finally:
         await client.close()

@@ -13,10 +13,10 @@ from typing import Any
 import msgpack
 import pytest
 
-from storage import errors
-from storage.model import Message, QueueRef, StoredMessage
-from storage.rpc import RpcClient, RpcServer, codec
-from storage.rpc.peer import Handler
+from polymq.storage import errors
+from polymq.storage.model import Message, QueueRef, StoredMessage
+from polymq.storage.rpc import RpcClient, RpcServer, codec
+from polymq.storage.rpc.peer import Handler
 
 WAIT = 10.0  # seconds: generous bound on waits for a condition, never a timing claim
 

@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from protocols.kafka.handlers import (
+from polymq.protocols.kafka.handlers import (
     configs,
     consumer_group,
     fetch,
@@ -20,7 +20,7 @@ from protocols.kafka.handlers import (
     topics,
     transactions,
 )
-from protocols.kafka.session import Session
+from polymq.protocols.kafka.session import Session
 
 __all__ = ["HANDLERS", "Handler"]
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka.compaction import DEFAULT_DELETE_RETENTION_MS, is_compacted
-from protocols.kafka.errors import error_code
-from protocols.kafka.session import Session
-from storage.errors import StorageError
-from storage.model import UNLIMITED, TopicConfig
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.compaction import DEFAULT_DELETE_RETENTION_MS, is_compacted
+from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.session import Session
+from polymq.storage.errors import StorageError
+from polymq.storage.model import UNLIMITED, TopicConfig
 
 __all__ = [
     "alter_configs",

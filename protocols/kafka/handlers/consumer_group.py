@@ -9,9 +9,9 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from protocols.kafka.consumer_groups import HEARTBEAT_INTERVAL_MS, Assignment
-from protocols.kafka.handlers.topics import topic_partitions
-from protocols.kafka.session import Session
+from polymq.protocols.kafka.consumer_groups import HEARTBEAT_INTERVAL_MS, Assignment
+from polymq.protocols.kafka.handlers.topics import topic_partitions
+from polymq.protocols.kafka.session import Session
 
 __all__ = ["consumer_group_describe", "consumer_group_heartbeat"]
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from gateway.fairness import cooperatively
-from protocols.kafka.codec import ms
-from protocols.kafka.errors import error_code
-from protocols.kafka.records import (
+from polymq.gateway.accounts import AuthError
+from polymq.gateway.fairness import cooperatively
+from polymq.protocols.kafka.codec import ms
+from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.records import (
     BATCH_FORMAT,
     KafkaRecord,
     encode_batch,
@@ -29,11 +29,11 @@ from protocols.kafka.records import (
     message_headers,
     with_base_offset,
 )
-from protocols.kafka.session import Session
-from protocols.kafka.transactions import AbortedRange
-from storage.batch_formats import expand
-from storage.errors import StorageError
-from storage.model import QueueOffsets, QueueRef, StoredBatch, StoredMessage
+from polymq.protocols.kafka.session import Session
+from polymq.protocols.kafka.transactions import AbortedRange
+from polymq.storage.batch_formats import expand
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueOffsets, QueueRef, StoredBatch, StoredMessage
 
 __all__ = [
     "delete_records",

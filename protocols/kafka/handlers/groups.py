@@ -9,12 +9,12 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka.codec import ms
-from protocols.kafka.coordinator import GroupState
-from protocols.kafka.errors import coordinator_error
-from protocols.kafka.session import Session
-from storage.errors import StorageError, StorageUnavailable
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.codec import ms
+from polymq.protocols.kafka.coordinator import GroupState
+from polymq.protocols.kafka.errors import coordinator_error
+from polymq.protocols.kafka.session import Session
+from polymq.storage.errors import StorageError, StorageUnavailable
 
 # Kafka's group.min.session.timeout.ms is 6 s; a little lower lets tests run fast.
 _MIN_SESSION_MS = 1_000

@@ -11,22 +11,22 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from gateway.fairness import cooperatively
-from protocols.kafka.errors import error_code
-from protocols.kafka.handlers.configs import compaction_of
-from protocols.kafka.handlers.transactions import end_transaction
-from protocols.kafka.producers import Verdict
-from protocols.kafka.records import (
+from polymq.gateway.accounts import AuthError
+from polymq.gateway.fairness import cooperatively
+from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.handlers.configs import compaction_of
+from polymq.protocols.kafka.handlers.transactions import end_transaction
+from polymq.protocols.kafka.producers import Verdict
+from polymq.protocols.kafka.records import (
     BATCH_FORMAT,
     BatchHeader,
     CorruptBatch,
     check_records,
     parse_header,
 )
-from protocols.kafka.session import Session
-from storage.errors import StorageError
-from storage.model import AppendRequest, BatchEntry, QueueRef
+from polymq.protocols.kafka.session import Session
+from polymq.storage.errors import StorageError
+from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
 __all__ = ["init_producer_id", "produce"]
 

@@ -7,10 +7,10 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka._state import AuthState
-from protocols.kafka.sasl import MECHANISMS, start_exchange
-from protocols.kafka.session import Session
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka._state import AuthState
+from polymq.protocols.kafka.sasl import MECHANISMS, start_exchange
+from polymq.protocols.kafka.session import Session
 
 __all__ = ["sasl_authenticate", "sasl_handshake"]
 

@@ -10,15 +10,15 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka.codec import ms
-from protocols.kafka.errors import error_code
-from protocols.kafka.handlers.fetch import encode_messages
-from protocols.kafka.handlers.topics import topic_names, topic_partitions
-from protocols.kafka.session import Session
-from protocols.kafka.share_groups import HEARTBEAT_INTERVAL_MS, LOCK_MS, AckType
-from storage.errors import StorageError
-from storage.model import QueueRef, StoredMessage
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.codec import ms
+from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.handlers.fetch import encode_messages
+from polymq.protocols.kafka.handlers.topics import topic_names, topic_partitions
+from polymq.protocols.kafka.session import Session
+from polymq.protocols.kafka.share_groups import HEARTBEAT_INTERVAL_MS, LOCK_MS, AckType
+from polymq.storage.errors import StorageError
+from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["share_acknowledge", "share_fetch", "share_group_describe", "share_group_heartbeat"]
 

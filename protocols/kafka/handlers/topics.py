@@ -11,14 +11,14 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka.cluster import ClusterView
-from protocols.kafka.errors import error_code
-from protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
-from protocols.kafka.session import Session
-from protocols.kafka.versions import SUPPORTED
-from storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
-from storage.model import TopicConfig, TopicInfo
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.cluster import ClusterView
+from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
+from polymq.protocols.kafka.session import Session
+from polymq.protocols.kafka.versions import SUPPORTED
+from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.storage.model import TopicConfig, TopicInfo
 
 __all__ = [
     "CLUSTER_ID",

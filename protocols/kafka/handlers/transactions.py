@@ -14,13 +14,13 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
-from gateway.accounts import AuthError
-from protocols.kafka.errors import coordinator_error
-from protocols.kafka.records import BATCH_FORMAT, encode_control_batch
-from protocols.kafka.session import Session
-from protocols.kafka.transactions import PendingOffset, Transaction
-from storage.errors import StorageError
-from storage.model import AppendRequest, BatchEntry, QueueRef
+from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.errors import coordinator_error
+from polymq.protocols.kafka.records import BATCH_FORMAT, encode_control_batch
+from polymq.protocols.kafka.session import Session
+from polymq.protocols.kafka.transactions import PendingOffset, Transaction
+from polymq.storage.errors import StorageError
+from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
 __all__ = [
     "add_offsets_to_txn",

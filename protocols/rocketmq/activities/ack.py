@@ -7,11 +7,11 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from gateway.fairness import SLICE, pause
-from gateway.processor import Caller
-from protocols.rocketmq.activities.receive import duration_ms
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import RpcFailure, ok, status
+from polymq.gateway.fairness import SLICE, pause
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq.activities.receive import duration_ms
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import RpcFailure, ok, status
 
 __all__ = ["ack_message", "change_invisible_duration", "forward_to_dead_letter_queue"]
 

@@ -12,12 +12,12 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from gateway.processor import Caller
-from protocols.rocketmq import mapping
-from protocols.rocketmq.activities.receive import duration_ms
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import RpcFailure, ok, status
-from storage.model import QueueRef, TopicInfo
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq.activities.receive import duration_ms
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import RpcFailure, ok, status
+from polymq.storage.model import QueueRef, TopicInfo
 
 __all__ = ["get_offset", "pull_message", "query_offset", "update_offset"]
 

@@ -19,12 +19,12 @@ from typing import Any
 from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from gateway.processor import Caller
-from protocols.rocketmq import mapping
-from protocols.rocketmq.filters import MATCH_ALL, Filter
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import RpcFailure, ok, status
-from storage.model import StoredMessage, TopicInfo
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq.filters import MATCH_ALL, Filter
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import RpcFailure, ok, status
+from polymq.storage.model import StoredMessage, TopicInfo
 
 __all__ = ["duration_ms", "receive_message"]
 

@@ -17,10 +17,10 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from gateway.directory import GatewayEndpoint, owner_of
-from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import Code, RpcFailure, ok
+from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import Code, RpcFailure, ok
 
 __all__ = ["BROKER_NAME", "query_assignment", "query_route"]
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from gateway.fairness import cooperatively, pause
-from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.status import RpcFailure, ok
-from storage.model import AppendRequest, Message, MessageType, QueueRef, TopicInfo
+from polymq.gateway.fairness import cooperatively, pause
+from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.status import RpcFailure, ok
+from polymq.storage.model import AppendRequest, Message, MessageType, QueueRef, TopicInfo
 
 __all__ = ["recall_message", "send_message"]
 

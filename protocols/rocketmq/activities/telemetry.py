@@ -17,13 +17,13 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from gateway.connections import TooManyConnections
-from gateway.fairness import cooperatively
-from gateway.processor import Caller
-from protocols.rocketmq.filters import Filter
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.sessions import ClientSession
-from protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, ok, status_for
+from polymq.gateway.connections import TooManyConnections
+from polymq.gateway.fairness import cooperatively
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq.filters import Filter
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.sessions import ClientSession
+from polymq.protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, ok, status_for
 
 __all__ = [
     "ask_client",

@@ -16,14 +16,14 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
-from gateway.processor import Caller
-from protocols.rocketmq import mapping
-from protocols.rocketmq.runtime import RocketMQServices
-from protocols.rocketmq.sessions import PRODUCER
-from protocols.rocketmq.status import RpcFailure, ok
-from storage.errors import StorageError
-from storage.lifecycle import TaskSet
-from storage.model import HalfMessage, MessageType, StoredMessage
+from polymq.gateway.processor import Caller
+from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.sessions import PRODUCER
+from polymq.protocols.rocketmq.status import RpcFailure, ok
+from polymq.storage.errors import StorageError
+from polymq.storage.lifecycle import TaskSet
+from polymq.storage.model import HalfMessage, MessageType, StoredMessage
 
 __all__ = ["TransactionChecker", "end_transaction"]
 

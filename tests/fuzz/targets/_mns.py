@@ -13,12 +13,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
-from protocols.mns import codec
-from protocols.mns.attributes import QueueAttributes, SubscriptionAttributes, TopicAttributes
-from protocols.mns.errors import MnsError
-from protocols.mns.messages import parse_message
-from protocols.mns.queue_handlers import _receipt_handles
-from protocols.mns.request import message_documents
+from polymq.protocols.mns import codec
+from polymq.protocols.mns.attributes import QueueAttributes, SubscriptionAttributes, TopicAttributes
+from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.messages import parse_message
+from polymq.protocols.mns.queue_handlers import _receipt_handles
+from polymq.protocols.mns.request import message_documents
 
 _NOW_MS = 1_700_000_000_000
 

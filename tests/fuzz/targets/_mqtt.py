@@ -11,7 +11,7 @@ for a malformed ``$share/`` filter.
 
 from __future__ import annotations
 
-from protocols.mqtt.codec import (
+from polymq.protocols.mqtt.codec import (
     Decoder,
     MalformedPacket,
     PacketTooLarge,
@@ -20,7 +20,7 @@ from protocols.mqtt.codec import (
     Subscribe,
     Unsubscribe,
 )
-from protocols.mqtt.topic_filter_index import (
+from polymq.protocols.mqtt.topic_filter_index import (
     TopicFilterIndex,
     is_valid_filter,
     is_valid_topic_name,

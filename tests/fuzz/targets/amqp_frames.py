@@ -8,7 +8,7 @@ Documented errors: :class:`FrameError` and :class:`ProtocolHeaderError` (Connect
 
 from __future__ import annotations
 
-from protocols.amqp.codec import FrameError, FrameReader, ProtocolHeaderError
+from polymq.protocols.amqp.codec import FrameError, FrameReader, ProtocolHeaderError
 
 _FRAME_MAX = 131072
 

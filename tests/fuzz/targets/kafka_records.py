@@ -16,7 +16,7 @@ import struct
 
 from crc32c import crc32c
 
-from protocols.kafka.records import (
+from polymq.protocols.kafka.records import (
     HEADER_SIZE,
     CorruptBatch,
     check_records,

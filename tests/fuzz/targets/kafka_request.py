@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 
-from protocols.kafka.codec import BadRequest, UnsupportedVersion, decode_request
+from polymq.protocols.kafka.codec import BadRequest, UnsupportedVersion, decode_request
 
 
 def one_input(data: bytes) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from protocols.mqtt.codec import LEVEL_311
+from polymq.protocols.mqtt.codec import LEVEL_311
 from tests.fuzz.targets._mqtt import run
 
 __all__ = ["one_input"]

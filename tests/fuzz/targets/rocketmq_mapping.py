@@ -15,10 +15,10 @@ from typing import Any
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import service_pb2
 
-from protocols.rocketmq.filters import MATCH_ALL, Filter, parse_filter
-from protocols.rocketmq.mapping import from_proto, message_type_of
-from protocols.rocketmq.status import RpcFailure
-from storage.model import Message
+from polymq.protocols.rocketmq.filters import MATCH_ALL, Filter, parse_filter
+from polymq.protocols.rocketmq.mapping import from_proto, message_type_of
+from polymq.protocols.rocketmq.status import RpcFailure
+from polymq.storage.model import Message
 
 _NOW_MS = 1_700_000_000_000
 

@@ -7,8 +7,8 @@ Documented error: :class:`SqlError` (a subscription with ILLEGAL_FILTER_EXPRESSI
 
 from __future__ import annotations
 
-from protocols.rocketmq.sql92 import SqlError, evaluate, parse
-from storage.model import Message
+from polymq.protocols.rocketmq.sql92 import SqlError, evaluate, parse
+from polymq.storage.model import Message
 
 _MESSAGES = (
     Message(body=b"x"),

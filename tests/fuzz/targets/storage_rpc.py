@@ -7,7 +7,7 @@ Documented error: :class:`CodecError` (that one connection is closed).
 
 from __future__ import annotations
 
-from storage.rpc.codec import CodecError, FrameDecoder
+from polymq.storage.rpc.codec import CodecError, FrameDecoder
 
 _MAX_FRAME_BYTES = 1 << 20
 

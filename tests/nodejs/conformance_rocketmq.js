@@ -1,6 +1,6 @@
 // rocketmq-client-nodejs for the conformance suite: send messages with a tag, keys and
 // a property; a simple consumer receives and acks them. Prints one JSON line.
-// usage: node tests/node/conformance_rocketmq.js HOST:PORT TOPIC GROUP [AK SK]
+// usage: node tests/nodejs/conformance_rocketmq.js HOST:PORT TOPIC GROUP [AK SK]
 'use strict';
 const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
 

@@ -1,7 +1,7 @@
 // rocketmq-client-nodejs PushConsumer against polymq: consumes COUNT messages of TOPIC
 // (failing each message's first delivery, so the retry path runs), then prints one JSON
 // line with what it saw.
-// usage: node tests/node/rocketmq_push_consumer.js HOST:PORT TOPIC GROUP COUNT
+// usage: node tests/nodejs/rocketmq_push_consumer.js HOST:PORT TOPIC GROUP COUNT
 'use strict';
 const { PushConsumer, ConsumeResult } = require('rocketmq-client-nodejs');
 

@@ -1,6 +1,6 @@
 // kafkajs for the conformance suite: create a topic, produce keyed records with
 // headers, consume them in a new group, delete the topic. Prints one JSON line.
-// usage: node tests/node/conformance_kafka.js HOST:PORT TOPIC GROUP [USER PASSWORD]
+// usage: node tests/nodejs/conformance_kafka.js HOST:PORT TOPIC GROUP [USER PASSWORD]
 'use strict';
 const { Kafka, logLevel } = require('kafkajs');
 

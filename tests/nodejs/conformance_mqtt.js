@@ -1,6 +1,6 @@
 // mqtt.js for the conformance suite: one subscriber at QoS MAXQOS, a publisher sends at
 // every QoS from 0 to MAXQOS. Prints one JSON line with the grants and what arrived.
-// usage: node tests/node/conformance_mqtt.js URL LEVEL MAXQOS TOPIC [USER PASSWORD]
+// usage: node tests/nodejs/conformance_mqtt.js URL LEVEL MAXQOS TOPIC [USER PASSWORD]
 'use strict';
 const mqtt = require('mqtt');
 

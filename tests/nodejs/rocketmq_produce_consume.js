@@ -1,6 +1,6 @@
 // rocketmq-client-nodejs against polymq: a producer sends COUNT messages, a simple
 // consumer receives and acks them. Prints one JSON line with what was sent and got.
-// usage: node tests/node/rocketmq_produce_consume.js HOST:PORT TOPIC GROUP COUNT
+// usage: node tests/nodejs/rocketmq_produce_consume.js HOST:PORT TOPIC GROUP COUNT
 'use strict';
 const { Producer, SimpleConsumer } = require('rocketmq-client-nodejs');
 

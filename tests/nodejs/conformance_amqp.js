@@ -1,7 +1,7 @@
 // amqplib for the conformance suite: a confirm channel publishes with properties and
 // headers; a consumer gets, nacks (requeue), gets it again redelivered, acks; the
 // queue is deleted. Prints one JSON line.
-// usage: node tests/node/conformance_amqp.js URL QUEUE
+// usage: node tests/nodejs/conformance_amqp.js URL QUEUE
 'use strict';
 const amqp = require('amqplib');
 

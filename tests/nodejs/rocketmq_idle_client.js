@@ -1,6 +1,6 @@
 // A rocketmq-client-nodejs producer that stays connected until stdin closes, for
 // server-initiated Telemetry commands. Prints its client id once started.
-// usage: node tests/node/rocketmq_idle_client.js HOST:PORT TOPIC
+// usage: node tests/nodejs/rocketmq_idle_client.js HOST:PORT TOPIC
 'use strict';
 const { Producer } = require('rocketmq-client-nodejs');
 

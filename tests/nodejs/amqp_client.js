@@ -1,7 +1,7 @@
 // amqplib (node) against polymq's AMQP listener: work queue with prefetch and acks,
 // fanout, confirms, mandatory returns, nack/requeue with redelivered, RPC over
 // direct reply-to, headers round trip, priorities, DLX + TTL. Prints one JSON line of
-// results; exits 1 on failure. Usage: node tests/node/amqp_client.js PORT SUFFIX
+// results; exits 1 on failure. Usage: node tests/nodejs/amqp_client.js PORT SUFFIX
 const amqp = require("amqplib");
 
 async function main() {
