@@ -18,7 +18,7 @@ def cases_for(protocols: Sequence[str]) -> list[Case]:
     for protocol in protocols:
         if protocol not in PROTOCOLS:
             raise ValueError(f"unknown protocol {protocol!r} (known: {', '.join(PROTOCOLS)})")
-        module = importlib.import_module(f"conformance.cases.{protocol}")
+        module = importlib.import_module(f"{__name__}.{protocol}")
         registry: Registry = module.registry
         cases += registry.cases
     return cases
