@@ -28,60 +28,73 @@ __all__ = [
     "error_from_code",
 ]
 
+_BY_CODE: dict[str, type[StorageError]] = {}
+
 
 class StorageError(Exception):
-    """Base of every error the storage API raises on purpose."""
+    """Base of every error the storage API raises on purpose.
+
+    A subclass names its stable wire code in its class statement,
+    ``class TopicNotFound(StorageError, code="topic_not_found")``, which also
+    registers it for :func:`error_from_code`.
+    """
 
     code = "storage_error"
 
-
-class InvalidName(StorageError):
-    code = "invalid_name"
-
-
-class InvalidArgument(StorageError):
-    code = "invalid_argument"
-
-
-class NamespaceNotFound(StorageError):
-    code = "namespace_not_found"
+    def __init_subclass__(cls, *, code: str, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if code in _BY_CODE:
+            raise TypeError(f"storage error code {code!r} is taken by {_BY_CODE[code].__name__}")
+        cls.code = code
+        _BY_CODE[code] = cls
 
 
-class NamespaceAlreadyExists(StorageError):
-    code = "namespace_already_exists"
+_BY_CODE[StorageError.code] = StorageError
 
 
-class TopicNotFound(StorageError):
-    code = "topic_not_found"
+class InvalidName(StorageError, code="invalid_name"):
+    pass
 
 
-class TopicAlreadyExists(StorageError):
-    code = "topic_already_exists"
+class InvalidArgument(StorageError, code="invalid_argument"):
+    pass
 
 
-class QueueNotFound(StorageError):
-    code = "queue_not_found"
+class NamespaceNotFound(StorageError, code="namespace_not_found"):
+    pass
 
 
-class GroupNotFound(StorageError):
-    code = "group_not_found"
+class NamespaceAlreadyExists(StorageError, code="namespace_already_exists"):
+    pass
 
 
-class MessageTooLarge(StorageError):
-    code = "message_too_large"
+class TopicNotFound(StorageError, code="topic_not_found"):
+    pass
 
 
-class InvalidReceipt(StorageError):
+class TopicAlreadyExists(StorageError, code="topic_already_exists"):
+    pass
+
+
+class QueueNotFound(StorageError, code="queue_not_found"):
+    pass
+
+
+class GroupNotFound(StorageError, code="group_not_found"):
+    pass
+
+
+class MessageTooLarge(StorageError, code="message_too_large"):
+    pass
+
+
+class InvalidReceipt(StorageError, code="invalid_receipt"):
     """The receipt handle is malformed, belongs to another group or namespace, or is
     stale: the message was acked or handed out again since the receipt was issued."""
 
-    code = "invalid_receipt"
 
-
-class OffsetOutOfRange(StorageError):
+class OffsetOutOfRange(StorageError, code="offset_out_of_range"):
     """The offset is below the queue's earliest retained offset or above its end."""
-
-    code = "offset_out_of_range"
 
     def __init__(self, message: str, *, earliest: int = 0, latest: int = 0) -> None:
         super().__init__(message)
@@ -89,53 +102,26 @@ class OffsetOutOfRange(StorageError):
         self.latest = latest
 
 
-class TransactionNotFound(StorageError):
-    code = "transaction_not_found"
+class TransactionNotFound(StorageError, code="transaction_not_found"):
+    pass
 
 
-class StorageClosed(StorageError):
-    code = "storage_closed"
+class StorageClosed(StorageError, code="storage_closed"):
+    pass
 
 
-class StorageFailed(StorageError):
+class StorageFailed(StorageError, code="storage_failed"):
     """A write to disk failed. The engine stops accepting writes (fail-stop) rather
     than risk acknowledging data it may not have, as PostgreSQL does after an fsync
     error."""
 
-    code = "storage_failed"
 
-
-class StorageUnavailable(StorageError):
+class StorageUnavailable(StorageError, code="storage_unavailable"):
     """The storage node that owns the resource cannot be reached right now (separated
     form: the node is down, restarting, or not yet registered with a nameserver). The
     request did not take effect, or, for an append spread over several nodes, may have
     taken effect on some of them: retry it, with its dedup key when it has one.
     Adapters answer with their protocol's retryable error."""
-
-    code = "storage_unavailable"
-
-
-_BY_CODE: dict[str, type[StorageError]] = {
-    cls.code: cls
-    for cls in (
-        StorageError,
-        InvalidName,
-        InvalidArgument,
-        NamespaceNotFound,
-        NamespaceAlreadyExists,
-        TopicNotFound,
-        TopicAlreadyExists,
-        QueueNotFound,
-        GroupNotFound,
-        MessageTooLarge,
-        InvalidReceipt,
-        OffsetOutOfRange,
-        TransactionNotFound,
-        StorageClosed,
-        StorageFailed,
-        StorageUnavailable,
-    )
-}
 
 
 def error_from_code(code: str, message: str) -> StorageError:
