@@ -34,7 +34,7 @@ from polymq.storage import api
 from polymq.storage.clock import Clock, SystemClock
 from polymq.storage.cluster_append import SpreadAppends
 from polymq.storage.cluster_homes import Homes
-from polymq.storage.cluster_pop import Overflow, ack_spread, pop_spread, with_prefix
+from polymq.storage.cluster_pop import Overflow, PopAsk, ack_spread, pop_spread, with_prefix
 from polymq.storage.cluster_router import Router, answers
 from polymq.storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
 from polymq.storage.errors import (
@@ -457,49 +457,21 @@ class ClusterStorage:
             )
             if held:
                 return held
+        ask = PopAsk(namespace, group, max_messages, invisible_ms, wait_ms, tags, durable)
         node = self._router.holder(queues)
         if node is None:
-            return await self._pop_spread(
-                namespace,
-                group,
-                queues,
-                max_messages=max_messages,
-                invisible_ms=invisible_ms,
-                wait_ms=wait_ms,
-                tags=tags,
-                durable=durable,
-            )
+            return await self._pop_spread(ask, queues)
         synced = node.synced_groups.get(namespace)
         if synced is None or group not in synced:
             await self._homes.sync_group(node, namespace, group)
         try:
-            popped = await node.client.pop(
-                namespace,
-                group,
-                queues,
-                max_messages=max_messages,
-                invisible_ms=invisible_ms,
-                wait_ms=wait_ms,
-                tags=tags,
-                durable=durable,
-            )
+            popped = await ask.send(node.client, queues)
         except StorageUnavailable as exc:
             raise node.unreachable(exc) from exc
         return with_prefix(popped, node.prefix)
 
-    async def _pop_spread(
-        self,
-        namespace: str,
-        group: str,
-        queues: Sequence[QueueRef],
-        *,
-        max_messages: int,
-        invisible_ms: int,
-        wait_ms: int,
-        tags: frozenset[str] | None,
-        durable: bool,
-    ) -> list[StoredMessage]:
-        api.check_pop(group, queues, max_messages, invisible_ms)
+    async def _pop_spread(self, ask: PopAsk, queues: Sequence[QueueRef]) -> list[StoredMessage]:
+        api.check_pop(ask.group, queues, ask.max_messages, ask.invisible_ms)
         split: dict[Node, list[QueueRef]] = {}
         for queue in queues:
             node = self._routes.node(queue.namespace, queue.topic)
@@ -507,21 +479,12 @@ class ClusterStorage:
                 node = await self._router.route(queue.namespace, queue.topic)
             split.setdefault(node, []).append(queue)
         for node in split:
-            synced = node.synced_groups.get(namespace)
-            if node.alive and (synced is None or group not in synced):
-                await self._homes.sync_group(node, namespace, group)
+            synced = node.synced_groups.get(ask.namespace)
+            if node.alive and (synced is None or ask.group not in synced):
+                await self._homes.sync_group(node, ask.namespace, ask.group)
         self._rotation += 1
         return await pop_spread(
-            list(split.items()),
-            namespace,
-            group,
-            max_messages=max_messages,
-            invisible_ms=invisible_ms,
-            wait_ms=wait_ms,
-            tags=tags,
-            durable=durable,
-            overflow=self._overflow,
-            rotation=self._rotation,
+            list(split.items()), ask, overflow=self._overflow, rotation=self._rotation
         )
 
     async def ack(self, namespace: str, group: str, receipt: str) -> None:

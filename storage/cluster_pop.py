@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-from polymq.storage.cluster_routes import Node, RouteCache
+from polymq.storage.cluster_routes import Node, NodeClient, RouteCache
 from polymq.storage.errors import InvalidReceipt, StorageUnavailable
 from polymq.storage.model import QueueRef, StoredMessage
 
-__all__ = ["Overflow", "ack_spread", "pop_spread", "with_prefix"]
+__all__ = ["Overflow", "PopAsk", "ack_spread", "pop_spread", "with_prefix"]
 
 _INVALID_RECEIPT = InvalidReceipt.code
 _UNAVAILABLE = StorageUnavailable.code
@@ -42,6 +43,40 @@ def with_prefix(messages: list[StoredMessage], prefix: str) -> list[StoredMessag
         if message.receipt is not None:
             object.__setattr__(message, "receipt", prefix + message.receipt)
     return messages
+
+
+@dataclass(frozen=True, slots=True)
+class PopAsk:
+    """One pop's arguments, as the cluster client passes them on to the nodes."""
+
+    namespace: str
+    group: str
+    max_messages: int
+    invisible_ms: int
+    wait_ms: int
+    tags: frozenset[str] | None
+    durable: bool
+
+    async def send(
+        self,
+        client: NodeClient,
+        queues: Sequence[QueueRef],
+        *,
+        max_messages: int | None = None,
+        wait_ms: int | None = None,
+    ) -> list[StoredMessage]:
+        """This pop on one node, over its ``queues`` (``max_messages`` and ``wait_ms``
+        overridden where given)."""
+        return await client.pop(
+            self.namespace,
+            self.group,
+            queues,
+            max_messages=self.max_messages if max_messages is None else max_messages,
+            invisible_ms=self.invisible_ms,
+            wait_ms=self.wait_ms if wait_ms is None else wait_ms,
+            tags=self.tags,
+            durable=self.durable,
+        )
 
 
 class Overflow:
@@ -103,14 +138,8 @@ class Overflow:
 
 async def pop_spread(
     parts: Sequence[tuple[Node, list[QueueRef]]],
-    namespace: str,
-    group: str,
+    ask: PopAsk,
     *,
-    max_messages: int,
-    invisible_ms: int,
-    wait_ms: int,
-    tags: frozenset[str] | None,
-    durable: bool,
     overflow: Overflow,
     rotation: int,
 ) -> list[StoredMessage]:
@@ -124,22 +153,15 @@ async def pop_spread(
     start = rotation % len(parts)
     serving: list[tuple[Node, list[QueueRef]]] = []
     for node, queues in (*parts[start:], *parts[:start]):
-        if len(got) >= max_messages:
+        if len(got) >= ask.max_messages:
             serving.append((node, queues))
             continue
         if not node.alive:
             errors.append(node.down())
             continue
         try:
-            popped = await node.client.pop(
-                namespace,
-                group,
-                queues,
-                max_messages=max_messages - len(got),
-                invisible_ms=invisible_ms,
-                wait_ms=0,
-                tags=tags,
-                durable=durable,
+            popped = await ask.send(
+                node.client, queues, max_messages=ask.max_messages - len(got), wait_ms=0
             )
         except StorageUnavailable as exc:
             errors.append(node.unreachable(exc))
@@ -150,50 +172,17 @@ async def pop_spread(
         return got
     if not serving:
         raise errors[0]
-    if wait_ms <= 0:
+    if ask.wait_ms <= 0:
         return []
-    return await _wait_first(
-        serving,
-        namespace,
-        group,
-        max_messages=max_messages,
-        invisible_ms=invisible_ms,
-        wait_ms=wait_ms,
-        tags=tags,
-        durable=durable,
-        overflow=overflow,
-    )
+    return await _wait_first(serving, ask, overflow)
 
 
 async def _wait_first(
-    parts: Sequence[tuple[Node, list[QueueRef]]],
-    namespace: str,
-    group: str,
-    *,
-    max_messages: int,
-    invisible_ms: int,
-    wait_ms: int,
-    tags: frozenset[str] | None,
-    durable: bool,
-    overflow: Overflow,
+    parts: Sequence[tuple[Node, list[QueueRef]]], ask: PopAsk, overflow: Overflow
 ) -> list[StoredMessage]:
     """Waiting pops on every node at once; the first non-empty answer wins."""
     loop = asyncio.get_running_loop()
-    tasks = {
-        loop.create_task(
-            node.client.pop(
-                namespace,
-                group,
-                queues,
-                max_messages=max_messages,
-                invisible_ms=invisible_ms,
-                wait_ms=wait_ms,
-                tags=tags,
-                durable=durable,
-            )
-        ): node
-        for node, queues in parts
-    }
+    tasks = {loop.create_task(ask.send(node.client, queues)): node for node, queues in parts}
     got: list[StoredMessage] = []
     errors: list[StorageUnavailable] = []
     failure: BaseException | None = None
@@ -211,16 +200,16 @@ async def _wait_first(
                 elif failure is None:
                     failure = exc
     finally:
-        await _settle(pending, tasks, overflow, namespace, group)
+        await _settle(pending, tasks, overflow, ask.namespace, ask.group)
         if failure is not None:
-            overflow.keep(namespace, group, got)
+            overflow.keep(ask.namespace, ask.group, got)
     if failure is not None:
         raise failure
     if not got and errors and len(errors) == len(tasks):
         raise errors[0]
-    if len(got) > max_messages:
-        overflow.keep(namespace, group, got[max_messages:])
-        del got[max_messages:]
+    if len(got) > ask.max_messages:
+        overflow.keep(ask.namespace, ask.group, got[ask.max_messages :])
+        del got[ask.max_messages :]
     return got
 
 

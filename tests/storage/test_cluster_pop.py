@@ -10,7 +10,7 @@ from typing import Any, cast
 import pytest
 
 from polymq.storage.cluster import ClusterStorage
-from polymq.storage.cluster_pop import Overflow, pop_spread
+from polymq.storage.cluster_pop import Overflow, PopAsk, pop_spread
 from polymq.storage.cluster_routes import Node, NodeClient
 from polymq.storage.errors import InvalidArgument, InvalidName, InvalidReceipt, StorageError
 from polymq.storage.model import (
@@ -235,13 +235,15 @@ async def test_answers_beyond_max_messages_are_kept_for_the_next_pop() -> None:
     popping = asyncio.create_task(
         pop_spread(
             parts,
-            NS,
-            "g",
-            max_messages=1,
-            invisible_ms=30_000,
-            wait_ms=10_000,
-            tags=None,
-            durable=True,
+            PopAsk(
+                NS,
+                "g",
+                max_messages=1,
+                invisible_ms=30_000,
+                wait_ms=10_000,
+                tags=None,
+                durable=True,
+            ),
             overflow=overflow,
             rotation=0,
         )
