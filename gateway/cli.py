@@ -64,63 +64,53 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"polymq {_version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
 
-    run = commands.add_parser(
+    run = _server_command(
+        commands,
         "run",
         help="run the merged server in the foreground (the default)",
         description="Run gateway and embedded storage in one process, in the foreground. "
         "SIGINT or SIGTERM stops it cleanly (exit code 0).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common_flags(run)
     _gateway_flags(run, merged=True)
 
-    storage = commands.add_parser(
+    storage = _server_command(
+        commands,
         "storage",
         help="run a storage node (separated form)",
         description="Serve the embedded storage engine to gateways over the network, "
         "registered with every nameserver.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common_flags(storage)
     storage.add_argument("--data-dir", type=Path, metavar="DIR", help="storage directory [./data]")
     storage.add_argument("--durability", choices=("sync", "async"), help="[sync]")
     storage.add_argument("--port", type=int, metavar="PORT", help="node port [10911]")
     storage.add_argument("--node-id", metavar="ID", help="name in routes [the engine's own id]")
     _nameserver_flag(storage)
 
-    nameserver = commands.add_parser(
+    nameserver = _server_command(
+        commands,
         "nameserver",
         help="run a nameserver: storage nodes register, gateways ask for routes",
         description="Keep the live storage nodes and which node serves each topic, from "
         "the nodes' heartbeats (soft state: a restart rebuilds it from the next beats).",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common_flags(nameserver)
     nameserver.add_argument("--port", type=int, metavar="PORT", help="[9876]")
 
-    navigation = commands.add_parser(
+    navigation = _server_command(
+        commands,
         "navigation",
         help="run the navigation service: which gateway should a client use",
         description="Gateways register their endpoints and load; clients and gateways "
         "ask GET /v1/endpoints?protocol=...",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common_flags(navigation)
     navigation.add_argument("--port", type=int, metavar="PORT", help="[8090]")
 
-    gateway = commands.add_parser(
+    gateway = _server_command(
+        commands,
         "gateway",
         help="run a gateway over remote storage nodes (separated form)",
         description="Serve every protocol like 'polymq run', over the storage nodes the "
         "nameservers know, registered with the navigation service.",
-        epilog=_EPILOG,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _common_flags(gateway)
     _gateway_flags(gateway, merged=False)
     _nameserver_flag(gateway)
     gateway.add_argument("--navigation", metavar="URL", help="navigation base URL")
@@ -173,6 +163,26 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
     )
     conformance.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    return parser
+
+
+def _server_command(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    *,
+    help: str,
+    description: str,
+) -> argparse.ArgumentParser:
+    """A subcommand that runs one of polymq's processes: the configuration epilog and
+    the flags every process takes."""
+    parser = commands.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _common_flags(parser)
     return parser
 
 
