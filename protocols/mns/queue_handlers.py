@@ -26,11 +26,12 @@ class QueueHandlers:
     async def put_queue(self, request: Request, queue: str) -> Response:
         """CreateQueue, or SetQueueAttributes with ``?metaoverride=true``."""
         call = await self._reader.read(request)
-        if call.query.get("metaoverride") == "true":
-            await self._queues.set_attributes(call.caller, queue, call.document)
-            return call.reply(204)
-        created = await self._queues.create(call.caller, queue, call.document)
-        return call.reply(201 if created else 204, location=call.url("queues", queue))
+        return await call.create_or_override(
+            self._queues.create,
+            self._queues.set_attributes,
+            queue,
+            location=call.url("queues", queue),
+        )
 
     async def get_queue(self, request: Request, queue: str) -> Response:
         """GetQueueAttributes."""

@@ -9,7 +9,7 @@ import base64
 import hashlib
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,6 +127,22 @@ class MnsCall:
             media_type="application/json" if as_json else "text/xml;charset=utf-8",
             headers=headers,
         )
+
+    async def create_or_override(
+        self,
+        create: Callable[..., Awaitable[bool]],
+        override: Callable[..., Awaitable[None]],
+        *names: str,
+        location: str,
+    ) -> Response:
+        """The PUT of a queue, topic or subscription: ``create(caller, *names,
+        document)``, 201 when it made it and 204 when it stood already with the same
+        attributes; with ``?metaoverride=true``, ``override`` sets the attributes (204)."""
+        if self.query.get("metaoverride") == "true":
+            await override(self.caller, *names, self.document)
+            return self.reply(204)
+        created = await create(self.caller, *names, self.document)
+        return self.reply(201 if created else 204, location=location)
 
     def url(self, *parts: str) -> str:
         base = f"{self.request.url.scheme}://{self.request.url.netloc}"

@@ -21,11 +21,12 @@ class TopicHandlers:
     async def put_topic(self, request: Request, topic: str) -> Response:
         """CreateTopic, or SetTopicAttributes with ``?metaoverride=true``."""
         call = await self._reader.read(request)
-        if call.query.get("metaoverride") == "true":
-            await self._topics.set_attributes(call.caller, topic, call.document)
-            return call.reply(204)
-        created = await self._topics.create(call.caller, topic, call.document)
-        return call.reply(201 if created else 204, location=call.url("topics", topic))
+        return await call.create_or_override(
+            self._topics.create,
+            self._topics.set_attributes,
+            topic,
+            location=call.url("topics", topic),
+        )
 
     async def get_topic(self, request: Request, topic: str) -> Response:
         """GetTopicAttributes."""
@@ -75,12 +76,13 @@ class TopicHandlers:
     async def put_subscription(self, request: Request, topic: str, subscription: str) -> Response:
         """Subscribe, or SetSubscriptionAttributes with ``?metaoverride=true``."""
         call = await self._reader.read(request)
-        if call.query.get("metaoverride") == "true":
-            await self._topics.set_subscription(call.caller, topic, subscription, call.document)
-            return call.reply(204)
-        created = await self._topics.subscribe(call.caller, topic, subscription, call.document)
-        location = call.url("topics", topic, "subscriptions", subscription)
-        return call.reply(201 if created else 204, location=location)
+        return await call.create_or_override(
+            self._topics.subscribe,
+            self._topics.set_subscription,
+            topic,
+            subscription,
+            location=call.url("topics", topic, "subscriptions", subscription),
+        )
 
     async def get_subscription(self, request: Request, topic: str, subscription: str) -> Response:
         """GetSubscriptionAttributes."""
