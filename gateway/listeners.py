@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ConnectionHandler",
+    "GatewayTcpListener",
     "Listener",
+    "ListenerBase",
     "ListenerContext",
     "ListenerFactory",
     "ListenerSet",
@@ -126,7 +128,29 @@ class ListenerSet(Service):
         await super().close()
 
 
-class TcpListener:
+class ListenerBase:
+    """The ``name``, ``port`` and ``address`` of a :class:`Listener`, kept in ``_name``,
+    ``_port`` and ``_address`` (which ``start`` sets and ``stop`` clears)."""
+
+    def __init__(self, name: str, port: int) -> None:
+        self._name = name
+        self._port = port
+        self._address: tuple[str, int] | None = None
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def port(self) -> int:
+        return self._port
+
+    @property
+    def address(self) -> tuple[str, int] | None:
+        return self._address
+
+
+class TcpListener(ListenerBase):
     """A TCP server handing each accepted connection to ``handler(reader, writer)``.
 
     It sets ``TCP_NODELAY`` on every accepted socket (small messages otherwise stall
@@ -150,30 +174,16 @@ class TcpListener:
         close_grace_s: float = 2.0,
         handshake_timeout_s: float | None = None,
     ) -> None:
-        self._name = name
+        super().__init__(name, port)
         self._handshake_timeout_s = handshake_timeout_s
         self._close_grace_s = close_grace_s
         self._host = host
-        self._port = port
         self._handler = handler
         self._connections = connections
         self._protocol = protocol or name
         self._server: asyncio.Server | None = None
-        self._address: tuple[str, int] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._stopping = False
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._address
 
     @property
     def open_connections(self) -> int:
@@ -262,6 +272,26 @@ class TcpListener:
                 task.cancel()
 
         return asyncio.get_running_loop().call_later(timeout, expire)
+
+
+class GatewayTcpListener(TcpListener):
+    """A :class:`TcpListener` on a gateway listener's context: its name and address,
+    the gateway's connection registry (``protocol`` names the connections there) and
+    handshake timeout (``limits.handshake_timeout_ms``: what counts as the handshake is
+    the protocol's, marked with ``ConnectionRegistry.established`` or ``identify``)."""
+
+    def __init__(
+        self, context: ListenerContext, handler: ConnectionHandler, *, protocol: str
+    ) -> None:
+        super().__init__(
+            name=context.name,
+            host=context.host,
+            port=context.port,
+            handler=handler,
+            connections=context.connections,
+            protocol=protocol,
+            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
+        )
 
 
 async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from polymq.gateway.listeners import Listener, ListenerContext, TcpListener
+from polymq.gateway.listeners import GatewayTcpListener, Listener, ListenerContext
 from polymq.protocols.amqp.changes import Membership
 from polymq.protocols.amqp.connection import AmqpConnection
 from polymq.protocols.amqp.flow import FlowControl
@@ -13,8 +13,8 @@ from polymq.protocols.amqp.vhost import AmqpServices
 __all__ = ["AmqpListener", "amqp_listener"]
 
 
-class AmqpListener(TcpListener):
-    """A :class:`TcpListener` whose stop also ends the vhosts' background work
+class AmqpListener(GatewayTcpListener):
+    """A :class:`GatewayTcpListener` whose stop also ends the vhosts' background work
     (``x-expires`` timers, TTL sweepers). ``flow`` is its publishing alarm
     (:class:`FlowControl`): whatever watches a resource engages and releases it."""
 
@@ -28,17 +28,9 @@ class AmqpListener(TcpListener):
         async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             await AmqpConnection(context, services, reader, writer, flow).run()
 
-        super().__init__(
-            name=context.name,
-            host=context.host,
-            port=context.port,
-            handler=handle,
-            connections=context.connections,
-            protocol="amqp",
-            # RabbitMQ's handshake_timeout: header to connection.open-ok (which
-            # identifies the connection, marking it established) or the socket closes.
-            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
-        )
+        # RabbitMQ's handshake_timeout: header to connection.open-ok (which identifies
+        # the connection, marking it established) or the socket closes.
+        super().__init__(context, handle, protocol="amqp")
 
     async def stop(self) -> None:
         try:

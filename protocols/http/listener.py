@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import uvicorn
 
-from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.gateway.listeners import Listener, ListenerBase, ListenerContext
 from polymq.protocols.http.app import HttpApp, build_app
 from polymq.protocols.http.guarded import guarded_protocol
 
@@ -44,26 +44,14 @@ class _EmbeddedServer(uvicorn.Server):
         yield
 
 
-class HttpListener:
+class HttpListener(ListenerBase):
     def __init__(self, context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> None:
+        super().__init__(context.name, context.port)
         self._context = context
         self._notify_retry_unit_ms = notify_retry_unit_ms
-        self._address: tuple[str, int] | None = None
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task[None] | None = None
         self._http: HttpApp | None = None
-
-    @property
-    def name(self) -> str:
-        return self._context.name
-
-    @property
-    def port(self) -> int:
-        return self._context.port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._address
 
     @property
     def app(self) -> HttpApp | None:

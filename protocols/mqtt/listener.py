@@ -13,7 +13,13 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
 from polymq.gateway.connections import current_connection_id, serving_connection
-from polymq.gateway.listeners import ConnectionHandler, Listener, ListenerContext, TcpListener
+from polymq.gateway.listeners import (
+    ConnectionHandler,
+    GatewayTcpListener,
+    Listener,
+    ListenerBase,
+    ListenerContext,
+)
 from polymq.protocols.mqtt.connection import MqttConnection
 from polymq.protocols.mqtt.options import MqttOptions
 from polymq.protocols.mqtt.services import MqttServices, services_for
@@ -42,21 +48,13 @@ def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) 
     return _MqttTcpListener(context, services, handle)
 
 
-class _MqttTcpListener(TcpListener):
+class _MqttTcpListener(GatewayTcpListener):
     """The TCP listener, which also starts and stops the brokers' background work."""
 
     def __init__(
         self, context: ListenerContext, services: MqttServices, handler: ConnectionHandler
     ) -> None:
-        super().__init__(
-            name=context.name,
-            host=context.host,
-            port=context.port,
-            handler=handler,
-            connections=context.connections,
-            protocol="mqtt",
-            handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
-        )
+        super().__init__(context, handler, protocol="mqtt")
         self._services = services
 
     async def start(self) -> None:
@@ -72,26 +70,14 @@ def mqtt_ws_listener(context: ListenerContext, options: MqttOptions | None = Non
     return MqttWebSocketListener(context, services_for(context, options))
 
 
-class MqttWebSocketListener:
+class MqttWebSocketListener(ListenerBase):
     """MQTT over WebSocket (v5 6.0): binary frames carry the MQTT byte stream."""
 
     def __init__(self, context: ListenerContext, services: MqttServices) -> None:
+        super().__init__(context.name, context.port)
         self._context = context
         self._services = services
         self._server: Server | None = None
-        self._address: tuple[str, int] | None = None
-
-    @property
-    def name(self) -> str:
-        return self._context.name
-
-    @property
-    def port(self) -> int:
-        return self._context.port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._address
 
     async def start(self) -> None:
         timeout_s = self._context.config.limits.handshake_timeout_ms / 1000

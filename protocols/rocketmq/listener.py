@@ -23,7 +23,7 @@ import socket
 
 import grpc
 
-from polymq.gateway.listeners import Listener, ListenerContext
+from polymq.gateway.listeners import Listener, ListenerBase, ListenerContext
 from polymq.protocols.rocketmq.activities.transaction import TransactionChecker
 from polymq.protocols.rocketmq.grpc_guard import ServingLoop, install_log_filters
 from polymq.protocols.rocketmq.options import RocketMQOptions
@@ -46,12 +46,11 @@ _REBIND_FIRST_DELAY_S = 0.01
 _REBIND_MAX_DELAY_S = 1.0
 
 
-class RocketMQListener:
+class RocketMQListener(ListenerBase):
     def __init__(self, context: ListenerContext, options: RocketMQOptions | None = None) -> None:
+        super().__init__(context.name, context.port)
         self._context = context
-        self._name = context.name
         self._host = context.host
-        self._port = context.port
         self.services = RocketMQServices(
             processor=context.processor,
             accounts=context.accounts,
@@ -65,23 +64,10 @@ class RocketMQListener:
         # The supervisor, the transaction checks and the receipt renewals; one set per
         # start, so a stopped listener can start again.
         self._tasks: TaskSet | None = None
-        self._address: tuple[str, int] | None = None
         self._restarts = 0
         self._failure: BaseException | None = None
         self._successor: grpc.aio.Server | None = None
         self._retiring: set[grpc.aio.Server] = set()
-
-    @property
-    def name(self) -> str:
-        return self._name
-
-    @property
-    def port(self) -> int:
-        return self._port
-
-    @property
-    def address(self) -> tuple[str, int] | None:
-        return self._address
 
     @property
     def restarts(self) -> int:
