@@ -21,7 +21,7 @@ from polymq.storage.engine.core import EngineCore, EnginePart
 from polymq.storage.engine.ids import decode_receipt, encode_receipt
 from polymq.storage.engine.pop_state import Inflight, PopCursor
 from polymq.storage.engine.queue_index import QueueIndex
-from polymq.storage.engine.reads import Reads
+from polymq.storage.engine.reads import Reads, stored_message
 from polymq.storage.engine.state import Topic, config_to_json, text_hash
 from polymq.storage.errors import InvalidArgument, InvalidReceipt, StorageError
 from polymq.storage.model import GroupConfig, Message, QueueRef, StoredMessage, TopicConfig
@@ -263,12 +263,12 @@ class Pops(EnginePart):
                 self._hand_out_now(group, topic.id, ref.queue_id, offset, state)
                 handed.append((topic, ref.queue_id, offset, state.seq, previous))
                 popped.append(
-                    StoredMessage(
-                        message=message,
-                        queue=ref,
-                        offset=offset,
-                        message_id=message_id,
-                        store_timestamp_ms=entry.store_ms,
+                    stored_message(
+                        message,
+                        message_id,
+                        ref,
+                        offset,
+                        entry,
                         delivery_attempt=attempt,
                         receipt=encode_receipt(topic.id, ref.queue_id, offset, state.seq),
                         first_pop_ms=first_pop,

@@ -28,7 +28,7 @@ from polymq.storage.model import (
     StoredMessage,
 )
 
-__all__ = ["Reads"]
+__all__ = ["Reads", "stored_message"]
 
 _YIELD_EVERY = 256  # read_batches entries decoded between two yields to the event loop
 _GAP_SCAN = 65_536  # offsets a read looks past compaction's gaps for messages
@@ -99,14 +99,7 @@ class Reads(EnginePart):
     def stored(self, ref: QueueRef, queue: QueueIndex, offset: int, **extra: Any) -> StoredMessage:
         entry = queue.get(offset)
         [(message, message_id)] = self.messages_at([entry])
-        return StoredMessage(
-            message=message,
-            queue=ref,
-            offset=offset,
-            message_id=message_id,
-            store_timestamp_ms=entry.store_ms,
-            **extra,
-        )
+        return stored_message(message, message_id, ref, offset, entry, **extra)
 
     async def wait_for_data(
         self, queues: Iterable[QueueIndex], deadline_ms: int, wake_at_ms: int | None = None
@@ -165,15 +158,7 @@ class Reads(EnginePart):
             if messages and total > max_bytes:
                 next_offset = current
                 break
-            messages.append(
-                StoredMessage(
-                    message=message,
-                    queue=queue,
-                    offset=current,
-                    message_id=message_id,
-                    store_timestamp_ms=entry.store_ms,
-                )
-            )
+            messages.append(stored_message(message, message_id, queue, current, entry))
         return ReadResult(
             messages=tuple(messages),
             next_offset=next_offset,
@@ -213,13 +198,7 @@ class Reads(EnginePart):
                 )
             else:
                 size = len(decoded.body)
-                stored = StoredMessage(
-                    message=decoded,
-                    queue=queue,
-                    offset=current,
-                    message_id=message_id,
-                    store_timestamp_ms=entry.store_ms,
-                )
+                stored = stored_message(decoded, message_id, queue, current, entry)
                 batch = StoredBatch(
                     queue=queue,
                     base_offset=current,
@@ -235,6 +214,21 @@ class Reads(EnginePart):
             batches.append(batch)
             current = base + entry.batch_count
         return batches
+
+
+def stored_message(
+    message: Message, message_id: str, ref: QueueRef, offset: int, entry: IndexEntry, **extra: Any
+) -> StoredMessage:
+    """The message at ``offset`` of queue ``ref`` (``entry``: its index entry), as the
+    storage API hands it out; ``extra``: a pop's delivery fields."""
+    return StoredMessage(
+        message=message,
+        queue=ref,
+        offset=offset,
+        message_id=message_id,
+        store_timestamp_ms=entry.store_ms,
+        **extra,
+    )
 
 
 def _check_offset(ref: QueueRef, queue: QueueIndex, offset: int) -> None:
