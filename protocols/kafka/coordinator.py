@@ -108,6 +108,19 @@ class _Group:
     join_not_before: float = 0.0
     delay_timer: asyncio.TimerHandle | None = None
 
+    def joined(self, member_id: str, members: tuple[MemberView, ...] = ()) -> JoinResult:
+        """A successful JoinGroup answer in the current generation (``members``: for
+        the leader)."""
+        return JoinResult(
+            ErrorCode.none,
+            generation=self.generation,
+            protocol_type=self.protocol_type,
+            protocol_name=self.protocol_name,
+            leader=self.leader,
+            member_id=member_id,
+            members=members,
+        )
+
 
 class GroupCoordinator:
     """``initial_rebalance_delay_ms`` is Kafka's ``group.initial.rebalance.delay.ms``
@@ -347,14 +360,7 @@ class GroupCoordinator:
         old.member_id = f"{client_id or 'member'}-{uuid.uuid4()}"
         old.last_seen = now
         group.members[old.member_id] = old
-        return JoinResult(
-            ErrorCode.none,
-            generation=group.generation,
-            protocol_type=group.protocol_type,
-            protocol_name=group.protocol_name,
-            leader=group.leader,
-            member_id=old.member_id,
-        )
+        return group.joined(old.member_id)
 
     def _unchanged_rejoin(
         self, group: _Group, member: _Member, protocols: list[tuple[str, bytes]], now: float
@@ -376,15 +382,7 @@ class GroupCoordinator:
         members: tuple[MemberView, ...] = ()
         if is_leader:
             members = tuple(_view(m, group.protocol_name) for m in group.members.values())
-        return JoinResult(
-            ErrorCode.none,
-            generation=group.generation,
-            protocol_type=group.protocol_type,
-            protocol_name=group.protocol_name,
-            leader=group.leader,
-            member_id=member.member_id,
-            members=members,
-        )
+        return group.joined(member.member_id, members)
 
     def _prepare_rebalance(self, group: _Group) -> None:
         if group.state is GroupState.PREPARING:
@@ -460,15 +458,7 @@ class GroupCoordinator:
             member.assignment = b""
             assert member.join is not None
             member.join.set_result(
-                JoinResult(
-                    ErrorCode.none,
-                    generation=group.generation,
-                    protocol_type=group.protocol_type,
-                    protocol_name=group.protocol_name,
-                    leader=group.leader,
-                    member_id=member.member_id,
-                    members=everyone if member.member_id == group.leader else (),
-                )
+                group.joined(member.member_id, everyone if member.member_id == group.leader else ())
             )
             member.join = None
 
