@@ -90,6 +90,25 @@ def _consumer(t: Target, group: str | None = None, **extra: Any) -> Consumer:
     )
 
 
+def _assert_split(topic: str, members: list[Consumer]) -> None:
+    """Two members of one group, subscribed to the four partitions of ``topic``, come
+    to own them all between them, disjointly (within 30 s); then they are closed."""
+    try:
+        for m in members:
+            m.subscribe([topic])
+        deadline = time.monotonic() + 30
+        while True:
+            for m in members:
+                m.poll(0.1)
+            owned = [{p.partition for p in m.assignment()} for m in members]
+            if all(owned) and owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]:
+                return
+            assert time.monotonic() < deadline, f"assignments {owned}"
+    finally:
+        for m in members:
+            m.close()
+
+
 def _produce(producer: Producer, topic: str, values: list[bytes], **kwargs: Any) -> None:
     errors: list[Any] = []
     for value in values:
@@ -301,21 +320,7 @@ def group_rebalance(t: Target) -> None:
     """Two members of one group split a topic's partitions between them, disjointly."""
     group = t.name("group")
     with _topic(t, partitions=4) as topic:
-        members = [_consumer(t, group) for _ in range(2)]
-        try:
-            for m in members:
-                m.subscribe([topic])
-            deadline = time.monotonic() + 30
-            while True:
-                for m in members:
-                    m.poll(0.1)
-                owned = [{p.partition for p in m.assignment()} for m in members]
-                if all(owned) and owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]:
-                    return
-                assert time.monotonic() < deadline, f"assignments {owned}"
-        finally:
-            for m in members:
-                m.close()
+        _assert_split(topic, [_consumer(t, group) for _ in range(2)])
 
 
 @case("idempotent-producer", "confluent-kafka")
@@ -545,24 +550,8 @@ def kip848_consumer_group(t: Target) -> None:
     split four partitions."""
     group = t.name("group")
     with _topic(t, partitions=4) as topic:
-        members = [
-            Consumer(_conf(t, **{"group.id": group, "group.protocol": "consumer"}))
-            for _ in range(2)
-        ]
-        try:
-            for m in members:
-                m.subscribe([topic])
-            deadline = time.monotonic() + 30
-            while True:
-                for m in members:
-                    m.poll(0.1)
-                owned = [{p.partition for p in m.assignment()} for m in members]
-                if all(owned) and owned[0] | owned[1] == {0, 1, 2, 3} and not owned[0] & owned[1]:
-                    return
-                assert time.monotonic() < deadline, f"assignments {owned}"
-        finally:
-            for m in members:
-                m.close()
+        conf = _conf(t, **{"group.id": group, "group.protocol": "consumer"})
+        _assert_split(topic, [Consumer(conf) for _ in range(2)])
 
 
 @case("share-group", "confluent-kafka", timeout_s=40)
