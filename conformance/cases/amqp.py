@@ -44,6 +44,18 @@ def _channel(t: Target) -> Iterator[BlockingChannel]:
 
 
 @contextmanager
+def _closes_channel(reply_code: int, otherwise: str) -> Iterator[None]:
+    """The block must end with the broker closing the channel with ``reply_code``;
+    if it ends normally, the case fails with ``otherwise``."""
+    try:
+        yield
+    except pika.exceptions.ChannelClosedByBroker as e:
+        assert e.reply_code == reply_code, e
+        return
+    raise AssertionError(otherwise)
+
+
+@contextmanager
 def _queue(t: Target, prefix: str, **arguments: Any) -> Iterator[tuple[BlockingChannel, str]]:
     """A fresh queue, deleted afterwards (from a fresh channel, in case the case's own
     channel was closed by the broker)."""
@@ -402,13 +414,8 @@ def prefetch(t: Target) -> None:
 @case("passive-declare-missing", "pika")
 def passive_missing(t: Target) -> None:
     """A passive declare of a missing queue closes the channel with 404 NOT_FOUND."""
-    with _channel(t) as ch:
-        try:
-            ch.queue_declare(t.name("absent"), passive=True)
-        except pika.exceptions.ChannelClosedByBroker as e:
-            assert e.reply_code == 404, e
-            return
-        raise AssertionError("passive declare of a missing queue succeeded")
+    with _channel(t) as ch, _closes_channel(404, "passive declare of a missing queue succeeded"):
+        ch.queue_declare(t.name("absent"), passive=True)
 
 
 @case("exclusive-queue", "pika")
@@ -416,13 +423,9 @@ def exclusive_queue(t: Target) -> None:
     """An exclusive queue is locked to its connection: others get 405 RESOURCE_LOCKED."""
     with _channel(t) as owner:
         q = owner.queue_declare(t.name("excl"), exclusive=True).method.queue
-        with _channel(t) as other:
-            try:
-                other.basic_consume(q, lambda *a: None)
-            except pika.exceptions.ChannelClosedByBroker as e:
-                assert e.reply_code == 405, e
-                return
-        raise AssertionError("another connection could consume an exclusive queue")
+        refused = _closes_channel(405, "another connection could consume an exclusive queue")
+        with _channel(t) as other, refused:
+            other.basic_consume(q, lambda *a: None)
 
 
 @case("publish-consume", "aio-pika")
@@ -584,13 +587,8 @@ def queue_expires(t: Target) -> None:
 @case("reserved-names", "pika")
 def reserved_names(t: Target) -> None:
     """Declaring an exchange named ``amq.*`` is refused with 403 ACCESS_REFUSED."""
-    with _channel(t) as ch:
-        try:
-            ch.exchange_declare(f"amq.{t.name('mine')}", "direct")
-        except pika.exceptions.ChannelClosedByBroker as e:
-            assert e.reply_code == 403, e
-            return
-        raise AssertionError("an amq.* exchange was declared")
+    with _channel(t) as ch, _closes_channel(403, "an amq.* exchange was declared"):
+        ch.exchange_declare(f"amq.{t.name('mine')}", "direct")
 
 
 @case("publish-missing-exchange", "pika")
@@ -598,12 +596,8 @@ def publish_missing_exchange(t: Target) -> None:
     """A publish to an exchange that does not exist closes the channel with 404."""
     with _channel(t) as ch:
         _confirmed(ch)
-        try:
+        with _closes_channel(404, "a publish to a missing exchange was confirmed"):
             ch.basic_publish(t.name("no-such-exchange"), "k", b"m")
-        except pika.exceptions.ChannelClosedByBroker as e:
-            assert e.reply_code == 404, e
-            return
-        raise AssertionError("a publish to a missing exchange was confirmed")
 
 
 @case("purge-delete", "pika")
@@ -616,12 +610,8 @@ def purge_delete(t: Target) -> None:
             ch.basic_publish("", q, b"m")
         assert ch.queue_purge(q).method.message_count == 3
         ch.basic_publish("", q, b"m")
-        try:
+        with _closes_channel(406, "delete if-empty removed a non-empty queue"):
             ch.queue_delete(q, if_empty=True)
-        except pika.exceptions.ChannelClosedByBroker as e:
-            assert e.reply_code == 406, e
-            return
-        raise AssertionError("delete if-empty removed a non-empty queue")
 
 
 @case("stream-queue", "pika")
