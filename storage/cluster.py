@@ -434,10 +434,9 @@ class ClusterStorage:
         await self._homes.set_group_config(namespace, group, config)
 
     async def get_group_config(self, namespace: str, group: str) -> GroupConfig:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return GroupConfig()
-        return await self._homes.call(home, lambda c: c.get_group_config(namespace, group))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.get_group_config(namespace, group), absent=GroupConfig()
+        )
 
     async def pop(
         self,
@@ -616,39 +615,34 @@ class ClusterStorage:
         self, namespace: str, topic: str, key: bytes, message: Message | None
     ) -> None:
         check_name("topic", topic)
-        home = await self._homes.home_for_write(namespace)
-        await self._homes.call(home, lambda c: c.put_latest(namespace, topic, key, message))
+        await self._homes.call_home(
+            namespace, lambda c: c.put_latest(namespace, topic, key, message)
+        )
 
     async def get_latest(self, namespace: str, topic: str, key: bytes) -> Message | None:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return None
-        return await self._homes.call(home, lambda c: c.get_latest(namespace, topic, key))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.get_latest(namespace, topic, key), absent=None
+        )
 
     async def list_latest(self, namespace: str, topic: str) -> list[tuple[bytes, Message]]:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return []
-        return await self._homes.call(home, lambda c: c.list_latest(namespace, topic))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.list_latest(namespace, topic), absent=[]
+        )
 
     async def meta_put(self, namespace: str, kind: str, name: str, value: Any) -> None:
-        home = await self._homes.home_for_write(namespace)
-        await self._homes.call(home, lambda c: c.meta_put(namespace, kind, name, value))
+        await self._homes.call_home(namespace, lambda c: c.meta_put(namespace, kind, name, value))
 
     async def meta_get(self, namespace: str, kind: str, name: str) -> Any | None:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return None
-        return await self._homes.call(home, lambda c: c.meta_get(namespace, kind, name))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.meta_get(namespace, kind, name), absent=None
+        )
 
     async def meta_delete(self, namespace: str, kind: str, name: str) -> bool:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return False
-        return await self._homes.call(home, lambda c: c.meta_delete(namespace, kind, name))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.meta_delete(namespace, kind, name), absent=False
+        )
 
     async def meta_list(self, namespace: str, kind: str) -> dict[str, Any]:
-        home = await self._homes.home(namespace)
-        if home is None:
-            return {}
-        return await self._homes.call(home, lambda c: c.meta_list(namespace, kind))
+        return await self._homes.call_if_home(
+            namespace, lambda c: c.meta_list(namespace, kind), absent={}
+        )

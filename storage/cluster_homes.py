@@ -101,6 +101,16 @@ class Homes:
         except StorageUnavailable as exc:
             raise home.unreachable(exc) from exc
 
+    async def call_if_home(self, namespace: str, call: NodeCall[T], *, absent: T) -> T:
+        """``call`` on the namespace's home node; ``absent`` if no node has the
+        namespace (so nothing namespace-wide is stored yet)."""
+        home = await self.home(namespace)
+        return absent if home is None else await self.call(home, call)
+
+    async def call_home(self, namespace: str, call: NodeCall[T]) -> T:
+        """``call`` on the namespace's home node, which must exist."""
+        return await self.call(await self.home_for_write(namespace), call)
+
     # -- group configs ---------------------------------------------------------------
 
     async def set_group_config(self, namespace: str, group: str, config: GroupConfig) -> None:
