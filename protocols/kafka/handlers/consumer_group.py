@@ -13,7 +13,12 @@ from polymq.protocols.kafka.consumer_groups import HEARTBEAT_INTERVAL_MS, Assign
 from polymq.protocols.kafka.handlers.topics import topic_partitions
 from polymq.protocols.kafka.session import Session
 
-__all__ = ["consumer_group_describe", "consumer_group_heartbeat"]
+__all__ = [
+    "consumer_group_describe",
+    "consumer_group_heartbeat",
+    "group_described",
+    "group_not_described",
+]
 
 
 async def consumer_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
@@ -74,19 +79,11 @@ async def consumer_group_describe(session: Session, request: Any, version: int) 
     groups = session.services.consumer_groups
     described = []
     for group_id in request.group_ids:
-        if not session.owns(group_id):
-            described.append({"error_code": ErrorCode.not_coordinator, "group_id": group_id})
-            continue
         found = groups.describe(session.namespace, group_id)
-        if found is None:
-            described.append(
-                {
-                    "error_code": ErrorCode.group_id_not_found,
-                    "group_id": group_id,
-                    "group_state": "Dead",
-                }
-            )
+        if (refused := group_not_described(session, group_id, found)) is not None:
+            described.append(refused)
             continue
+        assert found is not None
         epoch, members = found
         names = {t for m in members for t in (*m.subscribed, *m.assignment, *m.target)}
         _, ids = await topic_partitions(session, names)
@@ -100,27 +97,49 @@ async def consumer_group_describe(session: Session, request: Any, version: int) 
                 ]
             }
 
-        described.append(
+        rows = [
             {
-                "error_code": ErrorCode.none,
-                "group_id": group_id,
-                "group_state": "Stable" if members else "Empty",
-                "group_epoch": epoch,
-                "assignment_epoch": epoch,
-                "assignor_name": "range",
-                "members": [
-                    {
-                        "member_id": m.member_id,
-                        "member_epoch": m.member_epoch,
-                        "client_id": m.client_id,
-                        "client_host": m.client_host,
-                        "subscribed_topic_names": list(m.subscribed),
-                        "assignment": assignment(m.assignment),
-                        "target_assignment": assignment(m.target),
-                    }
-                    for m in members
-                ],
-                "authorized_operations": -2147483648,
+                "member_id": m.member_id,
+                "member_epoch": m.member_epoch,
+                "client_id": m.client_id,
+                "client_host": m.client_host,
+                "subscribed_topic_names": list(m.subscribed),
+                "assignment": assignment(m.assignment),
+                "target_assignment": assignment(m.target),
             }
-        )
+            for m in members
+        ]
+        described.append(group_described(group_id, epoch, "range", rows))
     return {"throttle_time": 0, "groups": described}
+
+
+def group_not_described(session: Session, group_id: str, found: object) -> dict[str, Any] | None:
+    """The ConsumerGroupDescribe or ShareGroupDescribe entry of a group this gateway
+    cannot describe (only the coordinator knows the members; ``found`` None: a group
+    never seen), or None when it can."""
+    if not session.owns(group_id):
+        return {"error_code": ErrorCode.not_coordinator, "group_id": group_id}
+    if found is None:
+        return {
+            "error_code": ErrorCode.group_id_not_found,
+            "group_id": group_id,
+            "group_state": "Dead",
+        }
+    return None
+
+
+def group_described(
+    group_id: str, epoch: int, assignor: str, members: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A described group's entry (KIP-848 and KIP-932 alike): the assignment epoch is
+    the group epoch, as the assignment is computed at once."""
+    return {
+        "error_code": ErrorCode.none,
+        "group_id": group_id,
+        "group_state": "Stable" if members else "Empty",
+        "group_epoch": epoch,
+        "assignment_epoch": epoch,
+        "assignor_name": assignor,
+        "members": members,
+        "authorized_operations": -2147483648,
+    }

@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 from polymq.gateway.accounts import AuthError
 from polymq.protocols.kafka.codec import ms
 from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.handlers.consumer_group import group_described, group_not_described
 from polymq.protocols.kafka.handlers.fetch import encode_messages
 from polymq.protocols.kafka.handlers.topics import topic_names, topic_partitions
 from polymq.protocols.kafka.session import Session
@@ -68,45 +69,26 @@ async def share_group_describe(session: Session, request: Any, version: int) -> 
     described = []
     for group_id in request.group_ids:
         found = session.services.share_groups.describe(session.namespace, group_id)
-        if not session.owns(group_id):  # only the coordinator knows the members
-            described.append({"error_code": ErrorCode.not_coordinator, "group_id": group_id})
+        if (refused := group_not_described(session, group_id, found)) is not None:
+            described.append(refused)
             continue
-        if found is None:
-            described.append(
-                {
-                    "error_code": ErrorCode.group_id_not_found,
-                    "group_id": group_id,
-                    "group_state": "Dead",
-                }
-            )
-            continue
+        assert found is not None
         epoch, members = found
         partitions, ids = await topic_partitions(
             session, {t for topics, _ in members.values() for t in topics}
         )
-
-        described.append(
+        rows = [
             {
-                "error_code": ErrorCode.none,
-                "group_id": group_id,
-                "group_state": "Stable" if members else "Empty",
-                "group_epoch": epoch,
-                "assignment_epoch": epoch,
-                "assignor_name": "simple",
-                "members": [
-                    {
-                        "member_id": member_id,
-                        "member_epoch": epoch,
-                        "client_id": client_id,
-                        "client_host": client_host,
-                        "subscribed_topic_names": list(topics),
-                        "assignment": _assignment(topics, partitions, ids),
-                    }
-                    for member_id, (topics, (client_id, client_host)) in sorted(members.items())
-                ],
-                "authorized_operations": -2147483648,
+                "member_id": member_id,
+                "member_epoch": epoch,
+                "client_id": client_id,
+                "client_host": client_host,
+                "subscribed_topic_names": list(topics),
+                "assignment": _assignment(topics, partitions, ids),
             }
-        )
+            for member_id, (topics, (client_id, client_host)) in sorted(members.items())
+        ]
+        described.append(group_described(group_id, epoch, "simple", rows))
     return {"throttle_time": 0, "groups": described}
 
 
