@@ -18,7 +18,10 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
+from polymq.nameserver.config import NameserverConfig
+from polymq.navigation.config import NavigationConfig
 from polymq.storage.model import DEFAULT_NAMESPACE
+from polymq.storage.node_config import NodeConfig
 
 if TYPE_CHECKING:
     from polymq.storage.engine.config import EngineConfig
@@ -235,27 +238,6 @@ class ClusterConfig:
     gateway_id: str = ""  # empty: host and port of the first listener
     advertised_host: str = ""  # what clients are told to dial; empty: server.host
     heartbeat_ms: int = 1000  # storage nodes to nameservers, gateways to navigation
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NodeConfig:
-    """``polymq storage``: a storage node serving the embedded engine to gateways."""
-
-    port: int = 10911
-    node_id: str = ""  # empty: the engine's own id, kept in its data directory
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NameserverConfig:
-    port: int = 9876
-    # A node silent this long is dropped from routes (RocketMQ: 120 s at 30 s beats).
-    node_expiry_ms: int = 10_000
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class NavigationConfig:
-    port: int = 8090
-    gateway_expiry_ms: int = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
