@@ -75,6 +75,9 @@ def test_short_fuzz_finds_nothing(target: str, tmp_path: Path) -> None:
     report = fuzz_target(target, seconds=SHORT_FUZZ_SECONDS, runs=None, scratch=tmp_path)
     print(f"{target}: {report.executed} inputs, cov {report.coverage}")
     assert report.executed > 0, (tmp_path / "libfuzzer-0.log").read_text()[-4000:]
+    # Guided means instrumented: with no coverage (the codec's package not named for
+    # instrumentation) libFuzzer only mutates blindly.
+    assert report.coverage > 10, f"{target}: cov {report.coverage}: is its package instrumented?"
     assert not report.findings, "\n\n".join(
         f"{f.kind}: {f.summary}\ninput: {f.artifact}\n{f.log}" for f in report.findings
     )

@@ -20,7 +20,7 @@ __all__ = ["TARGETS", "Target"]
 @dataclass(frozen=True, slots=True)
 class Target:
     name: str
-    instrument: tuple[str, ...]  # top-level packages whose Python code gives coverage
+    instrument: tuple[str, ...]  # top-level packages giving coverage (ours: polymq)
     max_len: int  # libFuzzer's -max_len: the largest input it makes
 
 
@@ -29,14 +29,14 @@ def _targets(*targets: Target) -> Mapping[str, Target]:
 
 
 TARGETS: Mapping[str, Target] = _targets(
-    Target("kafka_request", ("protocols", "kio"), 4096),
-    Target("kafka_records", ("protocols",), 8192),
-    Target("amqp_frames", ("protocols", "pamqp"), 8192),
-    Target("mqtt311", ("protocols",), 4096),
-    Target("mqtt5", ("protocols",), 4096),
-    Target("mns_request", ("protocols", "xml"), 8192),
-    Target("http_json", ("protocols", "json"), 8192),
-    Target("rocketmq_mapping", ("protocols", "google"), 4096),
-    Target("sql92", ("protocols",), 4096),
-    Target("storage_rpc", ("storage", "msgpack"), 8192),
+    Target("kafka_request", ("polymq", "kio"), 4096),
+    Target("kafka_records", ("polymq",), 8192),
+    Target("amqp_frames", ("polymq", "pamqp"), 8192),
+    Target("mqtt311", ("polymq",), 4096),
+    Target("mqtt5", ("polymq",), 4096),
+    Target("mns_request", ("polymq", "xml"), 8192),
+    Target("http_json", ("polymq", "json"), 8192),
+    Target("rocketmq_mapping", ("polymq", "google"), 4096),
+    Target("sql92", ("polymq",), 4096),
+    Target("storage_rpc", ("polymq", "msgpack"), 8192),
 )
