@@ -589,7 +589,7 @@ _LIBRARY_LOGGERS = {"uvicorn": "http", "websockets": "mqtt_ws", "grpc": "rocketm
 
 
 def _protocol_of(logger: str, message: str) -> str:
-    parts = logger.split(".")
+    parts = logger.removeprefix("polymq.").split(".")
     if parts[0] in _LIBRARY_LOGGERS:
         return _LIBRARY_LOGGERS[parts[0]]
     if len(parts) > 1 and parts[0] == "protocols":
