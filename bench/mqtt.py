@@ -384,8 +384,14 @@ def main() -> None:
         PUBLISH_COUNT, QOS1_COUNT, FAN_IN_EACH, FAN_OUT_COUNT = 500, 200, 20, 5
         LATENCY_SECONDS, IDLE_CONNECTIONS = 0.2, 50
     topic_index(1_000 if args.quick else 100_000, 1_000 if args.quick else 20_000)
-    # Room for the idle-connections scenario beyond the default limit of 10,000.
-    settings = {"limits.max_connections": str(IDLE_CONNECTIONS + 1_000)}
+    # Room for the idle-connections scenario beyond the default limits (10,000 in all,
+    # 5,000 per protocol, 1,000 per address: the bench connects from one address).
+    room = str(IDLE_CONNECTIONS + 1_000)
+    settings = {
+        "limits.max_connections": room,
+        "limits.max_connections_per_protocol": room,
+        "limits.max_connections_per_address": room,
+    }
     with server_under_test(
         "mqtt", target=args.target, server_pid=args.server_pid, settings=settings
     ) as server:
