@@ -14,7 +14,7 @@ import contextlib
 from collections.abc import AsyncIterator, Iterable
 from typing import TypeVar
 
-__all__ = ["SLICE", "FrameBudget", "cooperatively", "pause"]
+__all__ = ["SLICE", "FrameBudget", "cooperatively", "pause", "slices"]
 
 _T = TypeVar("_T")
 
@@ -38,6 +38,15 @@ async def cooperatively(items: Iterable[_T], every: int = SLICE) -> AsyncIterato
         yield item
         if i % every == 0:
             await pause()
+
+
+async def slices(count: int, size: int = SLICE) -> AsyncIterator[slice]:
+    """``slice`` objects covering ``range(count)`` ``size`` at a time, returning to the
+    event loop after each: for work done a batch at a time (one storage append per
+    slice, one parser feed) rather than item by item."""
+    for start in range(0, count, size):
+        yield slice(start, start + size)
+        await pause()
 
 
 class FrameBudget:

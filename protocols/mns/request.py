@@ -17,7 +17,7 @@ from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
 from polymq.gateway.connections import ConnectionRegistry
-from polymq.gateway.fairness import pause
+from polymq.gateway.fairness import slices
 from polymq.gateway.processor import Caller
 from polymq.protocols.mns import codec
 from polymq.protocols.mns.attributes import parse_int
@@ -215,9 +215,8 @@ class RequestReader:
             )
         reader = codec.XmlReader(self._max_depth, self._max_items)
         view = memoryview(body)
-        for start in range(0, len(body), _PARSE_SLICE):
-            reader.feed(bytes(view[start : start + _PARSE_SLICE]))
-            await pause()
+        async for part in slices(len(body), _PARSE_SLICE):
+            reader.feed(bytes(view[part]))
         return reader.close()
 
     def _authenticate(self, request: Request) -> Caller:

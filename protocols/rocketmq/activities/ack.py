@@ -7,7 +7,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from polymq.gateway.fairness import SLICE, pause
+from polymq.gateway.fairness import slices
 from polymq.gateway.processor import Caller
 from polymq.protocols.rocketmq.activities.receive import duration_ms
 from polymq.protocols.rocketmq.runtime import RocketMQServices
@@ -58,9 +58,8 @@ async def ack_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     if any(not r for r in held):
         raise RpcFailure(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
     errors: list[Any] = []
-    for start in range(0, count, SLICE):
-        errors += await _ack_slice(rt, caller, group, held[start : start + SLICE])
-        await pause()
+    async for part in slices(count):
+        errors += await _ack_slice(rt, caller, group, held[part])
     results = []
     for entry, error in zip(request.entries, errors, strict=True):
         entry_status = (
