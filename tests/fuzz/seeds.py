@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import io
 import json
 import shutil
 import struct
@@ -32,25 +31,9 @@ CORPUS = Path(__file__).resolve().parent / "corpus"
 
 def _kafka_frame(api_key: int, version: int, body: dict[str, Any]) -> bytes:
     """A request frame without its size prefix, as ``decode_request`` takes it."""
-    from kio.serial import entity_writer
+    from tests.kafka.raw import encode_request
 
-    from polymq.protocols.kafka.codec import build, request_class
-
-    cls: Any = request_class(api_key, version)
-    header_cls = cls.__header_schema__
-    header = build(
-        header_cls,
-        {
-            "request_api_key": api_key,
-            "request_api_version": version,
-            "correlation_id": 7,
-            "client_id": "rdkafka",
-        },
-    )
-    buffer = io.BytesIO()
-    entity_writer(header_cls)(buffer, header)
-    entity_writer(cls)(buffer, build(cls, body))
-    return buffer.getvalue()
+    return encode_request(api_key, version, body, correlation_id=7, client_id="rdkafka")
 
 
 def _records() -> list[Any]:

@@ -102,9 +102,13 @@ def batch_with_body(codec: int, body: bytes, count: int) -> bytes:
 
 
 def encode_request(
-    api_key: int, version: int, body: dict[str, Any], correlation_id: int = 1
+    api_key: int,
+    version: int,
+    body: dict[str, Any],
+    correlation_id: int = 1,
+    client_id: str = "raw",
 ) -> bytes:
-    """A request frame without its size: header (client id "raw") and ``body``."""
+    """A request frame without its size: header and ``body``."""
     name = api_key_map[api_key]
     request_cls: Any = load_entity_schema(name, version, EntityType.request)
     header_cls = request_cls.__header_schema__
@@ -114,7 +118,7 @@ def encode_request(
             "request_api_key": api_key,
             "request_api_version": version,
             "correlation_id": correlation_id,
-            "client_id": "raw",
+            "client_id": client_id,
         },
     )
     buffer = io.BytesIO()
@@ -127,21 +131,8 @@ def sample_request(api_key: int, version: int, items: int = 2) -> bytes:
     """A request frame (without its size) of ``api_key`` v``version`` with every field
     set, tagged ones included, and ``items`` entries in every array: real frames for
     mutation searches, covering every schema without writing each one by hand."""
-    cls: Any = request_class(api_key, version)
-    header_cls = cls.__header_schema__
-    header = build(
-        header_cls,
-        {
-            "request_api_key": api_key,
-            "request_api_version": version,
-            "correlation_id": 3,
-            "client_id": "fz",
-        },
-    )
-    buffer = io.BytesIO()
-    entity_writer(header_cls)(buffer, header)
-    entity_writer(cls)(buffer, build(cls, _sample_entity(cls, items)))
-    return buffer.getvalue()
+    body = _sample_entity(request_class(api_key, version), items)
+    return encode_request(api_key, version, body, correlation_id=3, client_id="fz")
 
 
 def _sample_entity(cls: Any, items: int) -> dict[str, Any]:

@@ -529,6 +529,21 @@ def _rss() -> int:
     return int(psutil.Process().memory_info().rss)
 
 
+def _flood(
+    address: tuple[str, int], count: int, payload: memoryview, sample: Callable[[], None]
+) -> None:
+    """``count`` connections each sending ``payload`` (see :func:`_push`), all closed
+    after."""
+    sockets = [socket.create_connection(address) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.setblocking(False)
+        _push(sockets, payload, sample)
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def _push(sockets: list[socket.socket], payload: memoryview, on_round: Callable[[], None]) -> None:
     """Send ``payload`` on every (non-blocking) socket as far as each will take it,
     until the server has closed them all; ``on_round`` runs between rounds."""
@@ -568,14 +583,7 @@ def test_frames_declared_large_are_bounded_by_the_frame_budget(strict: LiveServe
         peak["held"] = max(peak["held"], budget.held)
         peak["rss"] = max(peak["rss"], _rss())
 
-    sockets = [socket.create_connection(strict.address("kafka")) for _ in range(connections)]
-    try:
-        for sock in sockets:
-            sock.setblocking(False)
-        _push(sockets, payload, sample)
-    finally:
-        for sock in sockets:
-            sock.close()
+    _flood(strict.address("kafka"), connections, payload, sample)
     assert 0 < peak["held"] <= BUDGET
     growth = peak["rss"] - before
     print(f"frame budget: at most {peak['held'] >> 10} KiB held, RSS grew {growth >> 10} KiB")
@@ -597,14 +605,7 @@ def test_unauthenticated_memory_ceiling(secure: LiveServer) -> None:
     def sample() -> None:
         peak["rss"] = max(peak["rss"], _rss())
 
-    sockets = [socket.create_connection(secure.address("kafka")) for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.setblocking(False)
-        _push(sockets, payload, sample)
-    finally:
-        for sock in sockets:
-            sock.close()
+    _flood(secure.address("kafka"), count, payload, sample)
     per_connection = (peak["rss"] - before) / count
     print(f"RSS growth per unauthenticated connection: {per_connection / 1024:.0f} KiB")
     assert per_connection < declared + (256 << 10), f"{per_connection / 1024:.0f} KiB each"
