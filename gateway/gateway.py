@@ -15,12 +15,6 @@ from collections.abc import Callable, Mapping
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry
-from polymq.gateway.directory import (
-    GatewayDirectory,
-    GatewayEndpoint,
-    RegisteredDirectory,
-    SingleGateway,
-)
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import (
     Listener,
@@ -30,6 +24,12 @@ from polymq.gateway.listeners import (
 )
 from polymq.gateway.metering import Metering
 from polymq.gateway.processor import Processor
+from polymq.navigation.endpoints import (
+    GatewayDirectory,
+    GatewayEndpoint,
+    RegisteredDirectory,
+    SingleGateway,
+)
 from polymq.storage.api import StorageAPI
 from polymq.storage.clock import Clock, SystemClock
 from polymq.storage.errors import NamespaceAlreadyExists

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Protocol
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
-from polymq.gateway.directory import GatewayDirectory
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.metering import Metering
+from polymq.navigation.endpoints import GatewayDirectory
 from polymq.storage.clock import Clock
 from polymq.storage.lifecycle import Service
 

@@ -26,9 +26,9 @@ from polymq.gateway.config import (
     engine_config,
     load_config,
 )
-from polymq.gateway.directory import GatewayEndpoint
 from polymq.gateway.gateway import Gateway
 from polymq.gateway.listeners import ListenerFactory
+from polymq.navigation.endpoints import GatewayEndpoint
 from polymq.storage.api import StorageAPI
 from polymq.storage.engine import Engine
 from polymq.storage.errors import StorageUnavailable

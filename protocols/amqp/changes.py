@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from polymq.gateway.directory import GatewayDirectory, owner_of
 from polymq.gateway.processor import Caller, Processor
+from polymq.navigation.endpoints import GatewayDirectory, owner_of
 from polymq.storage.errors import OffsetOutOfRange, StorageError, TopicAlreadyExists, TopicNotFound
 from polymq.storage.model import AppendRequest, CommittedOffset, Message, QueueRef, TopicConfig
 

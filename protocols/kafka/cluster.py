@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from polymq.gateway.directory import GatewayDirectory, GatewayEndpoint, owner_of
+from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint, owner_of
 
 __all__ = ["ClusterView", "Node", "cluster_view"]
 

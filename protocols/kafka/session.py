@@ -10,10 +10,10 @@ from typing import Any
 from polymq.gateway.accounts import ANONYMOUS, Accounts, Principal
 from polymq.gateway.config import LimitsConfig
 from polymq.gateway.connections import ConnectionRegistry
-from polymq.gateway.directory import GatewayDirectory, GatewayEndpoint
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller, Processor
+from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint
 from polymq.protocols.kafka._state import AuthState
 from polymq.protocols.kafka.cluster import ClusterView, cluster_view
 from polymq.protocols.kafka.compaction import Compactor

@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from polymq.gateway.directory import GatewayDirectory, owner_of
+from polymq.navigation.endpoints import GatewayDirectory, owner_of
 from polymq.protocols import interop
 from polymq.storage.model import Message, StoredMessage
 

@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.config import LimitsConfig, MqttConfig
 from polymq.gateway.connections import ConnectionRegistry
-from polymq.gateway.directory import SingleGateway
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.metering import Metering
 from polymq.gateway.processor import Processor
+from polymq.navigation.endpoints import SingleGateway
 from polymq.protocols.mqtt.broker import MqttBroker
 from polymq.protocols.mqtt.model import Delivery
 from polymq.protocols.mqtt.options import MqttOptions

@@ -24,8 +24,8 @@ from rocketmq.grpc_protocol import Code
 from polymq.gateway.accounts import Accounts, Principal
 from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry
-from polymq.gateway.directory import GatewayDirectory
 from polymq.gateway.processor import Caller, Processor
+from polymq.navigation.endpoints import GatewayDirectory
 from polymq.protocols.rocketmq import auth
 from polymq.protocols.rocketmq.filters import Filter, parse_filter
 from polymq.protocols.rocketmq.options import RocketMQOptions

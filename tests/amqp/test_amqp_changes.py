@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from polymq.gateway.directory import GatewayEndpoint
+from polymq.navigation.endpoints import GatewayEndpoint
 from polymq.protocols import interop
 from polymq.protocols.amqp.changes import Change, Membership
 from polymq.protocols.amqp.errors import ChannelError

@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from polymq.gateway.config import GatewayConfig, engine_config
-from polymq.gateway.directory import GatewayEndpoint
 from polymq.gateway.gateway import Gateway
 from polymq.gateway.listeners import ListenerFactory
+from polymq.navigation.endpoints import GatewayEndpoint
 from polymq.storage.api import StorageAPI
 from polymq.storage.engine import Engine
 from tests.live_server import LiveServer, SharedStorage, server_config

@@ -18,7 +18,7 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from kio.schema.errors import ErrorCode
 
-from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.navigation.endpoints import GatewayEndpoint, owner_of
 from polymq.protocols.kafka.cluster import cluster_view
 from polymq.protocols.kafka.listener import kafka_listener
 from polymq.protocols.kafka.producers import ProducerRegistry, Verdict

@@ -12,8 +12,8 @@ from collections.abc import AsyncIterator, Callable, Mapping
 import httpx
 import pytest
 
-from polymq.gateway.directory import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
 from polymq.navigation.directory import NavigationDirectory
+from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
 from polymq.navigation.server import NavigationServer
 
 WAIT_S = 10.0

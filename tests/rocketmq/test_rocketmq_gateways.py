@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.navigation.endpoints import GatewayEndpoint, owner_of
 from polymq.protocols.rocketmq.status import Code
 from polymq.storage.model import TopicConfig
 from tests.kafka.gateways import Gateways, gateways

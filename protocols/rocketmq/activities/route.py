@@ -17,7 +17,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import definition_pb2, service_pb2
 
-from polymq.gateway.directory import GatewayEndpoint, owner_of
+from polymq.navigation.endpoints import GatewayEndpoint, owner_of
 from polymq.protocols.rocketmq import mapping
 from polymq.protocols.rocketmq.runtime import RocketMQServices
 from polymq.protocols.rocketmq.status import Code, RpcFailure, ok
