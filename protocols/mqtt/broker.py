@@ -28,11 +28,13 @@ from polymq.protocols.mqtt.model import (
 )
 from polymq.protocols.mqtt.peer_events import PeerEvents
 from polymq.protocols.mqtt.peers import Peers
+from polymq.protocols.mqtt.repairs import Repairs
 from polymq.protocols.mqtt.routing import Router
 from polymq.protocols.mqtt.sessions import Sessions
 from polymq.protocols.mqtt.subscriptions import Subscriptions
 from polymq.protocols.mqtt.tails import Tails
 from polymq.protocols.mqtt.topic_filter_index import TopicFilterIndex
+from polymq.storage.errors import StorageError
 from polymq.storage.model import GroupConfig, Message, QueueRef
 
 __all__ = [
@@ -55,7 +57,8 @@ class MqttBroker:
 
     def __init__(self, processor: Processor, namespace: str, peers: Peers | None = None) -> None:
         self.core = BrokerCore(processor, namespace, peers)
-        self._router = Router(self.core)
+        self._repairs = Repairs(self.core)
+        self._router = Router(self.core, self._repairs)
         self._tails = Tails(self.core, self._router)
         self._subscriptions = Subscriptions(self.core, self._tails)
         self._sessions = Sessions(self.core, self._subscriptions)
@@ -93,6 +96,7 @@ class MqttBroker:
             await self.peer_events.close()
         await self._subscriptions.close()
         await self._tails.close()
+        await self._repairs.close()
         await self.core.tasks.close()
 
     # -- the shared state ----------------------------------------------------------
@@ -194,9 +198,10 @@ class MqttBroker:
         """Create a storage topic on first use; ``InvalidName`` if none can be named so."""
         await self.core.ensure_topic(topic)
 
-    async def publish(self, items: list[Outgoing]) -> None:
-        """Deliver from memory and store every item with one append (routing.py)."""
-        await self._router.publish(items)
+    async def publish(self, items: list[Outgoing]) -> dict[int, StorageError]:
+        """Deliver from memory and store every item with one append (routing.py);
+        returns the items whose storage is unavailable, by index."""
+        return await self._router.publish(items)
 
     def deliver_transient(self, topic: str, message: Message) -> None:
         """Hand a QoS 0 message to online subscribers without storing it (``$SYS``)."""

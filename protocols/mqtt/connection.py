@@ -589,6 +589,7 @@ class MqttConnection:
         session = self._session
         items: list[Outgoing] = []
         acks: list[codec.Packet] = []
+        item_acks: dict[int, int] = {}  # index in items -> index of its ack in acks
         now = self._clock.now_ms()
         for packet in batch:
             topic = self._resolve_topic(packet)
@@ -635,10 +636,11 @@ class MqttConnection:
                 )
             )
             if packet.qos:
+                item_acks[len(items) - 1] = len(acks)
                 acks.append(_ack_for(packet, _SUCCESS))
         if items:
             try:
-                await self._broker.publish(items)
+                unstored = await self._broker.publish(items)
             except (MessageTooLarge, InvalidName) as e:
                 failed = _PACKET_TOO_LARGE if isinstance(e, MessageTooLarge) else _TOPIC_INVALID
                 if not self._v5:
@@ -649,13 +651,45 @@ class MqttConnection:
                 if not self._v5:
                     raise _Close(_UNSPECIFIED, str(e)) from None
                 acks = [self._fail_ack(a, _UNSPECIFIED, str(e)) for a in acks]
+            else:
+                if unstored:
+                    self._unstored(unstored, item_acks, acks)
+        self._write_acks(acks)
+        if self._v5:
+            self._inbound_unacked -= sum(1 for p in batch if p.qos)
+        self._out.flush()
+
+    def _unstored(
+        self, unstored: dict[int, StorageError], item_acks: dict[int, int], acks: list[codec.Packet]
+    ) -> None:
+        """Publishes whose own storage topic is unavailable (the others of the batch
+        were stored): v5 PUBACK/PUBREC 0x80 for those alone (retryable: the client
+        may publish again). v3 acks have no failure code, and must go out in order
+        (3.1.1 4.6): the acks before the first failed one are sent, then this
+        connection (no other) is closed, so the client sends the rest again when it
+        reconnects (docs/mqtt.md, "A storage node down")."""
+        first = min(unstored)
+        log.warning(
+            "mqtt %s: %d publishes not stored: %s", self.client_id, len(unstored), unstored[first]
+        )
+        failed = sorted(item_acks[i] for i in unstored if i in item_acks)
+        if not failed:
+            return  # QoS 0: at most once
+        if not self._v5:
+            self._write_acks(acks[: failed[0]])
+            self._out.flush()
+            raise _Close(_UNSPECIFIED, str(unstored[first]))
+        for i in unstored:
+            if i in item_acks:
+                self._fail_ack(acks[item_acks[i]], _UNSPECIFIED, str(unstored[i]))
+
+    def _write_acks(self, acks: list[codec.Packet]) -> None:
+        assert self._session is not None
+        session = self._session
         for ack in acks:
             if isinstance(ack, codec.PubRec) and not ack.reason:
                 session.inbound_qos2.setdefault(ack.packet_id, session.release_epoch)
             self._out.write(ack)
-        if self._v5:
-            self._inbound_unacked -= sum(1 for p in batch if p.qos)
-        self._out.flush()
 
     def _fail_ack(self, ack: codec.Packet, reason: int, text: str) -> codec.Packet:
         """Turn a PUBACK/PUBREC into a failure, with a reason string if the client asked

@@ -15,6 +15,7 @@ reaches this gateway through the tails (protocols/mqtt/tails.py) and is routed h
 from __future__ import annotations
 
 import asyncio
+import logging
 from dataclasses import replace
 
 from polymq.protocols import interop
@@ -22,24 +23,31 @@ from polymq.protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
 from polymq.protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
 from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SessionOwner, SharedGroup
 from polymq.protocols.mqtt.peers import stamp_of, stamped
+from polymq.protocols.mqtt.repairs import Repairs, owed_targets, without_owed
+from polymq.protocols.mqtt.repairs import owing as owing_copies
 from polymq.protocols.mqtt.topic_filter_index import filter_matches, split_shared
 from polymq.protocols.mqtt.topic_tail import from_mqtt
-from polymq.storage.errors import StorageError, TopicNotFound
-from polymq.storage.model import AppendRequest, Message, QueueRef, StoredMessage
+from polymq.storage.errors import StorageError, StorageUnavailable, TopicNotFound
+from polymq.storage.model import AppendRequest, AppendResult, Message, QueueRef, StoredMessage
 
 __all__ = ["Router"]
+
+log = logging.getLogger(__name__)
 
 
 class Router:
     """Where a message goes, from the subscription index of one namespace."""
 
-    def __init__(self, core: BrokerCore) -> None:
+    def __init__(self, core: BrokerCore, repairs: Repairs) -> None:
         self.core = core
+        self.repairs = repairs
         self.messages_in = 0
 
-    async def publish(self, items: list[Outgoing]) -> None:
+    async def publish(self, items: list[Outgoing]) -> dict[int, StorageError]:
         """Hand the in-memory deliveries out, then store every item with one append
-        (each dispatched to its storage topic and to every queue it reaches).
+        (each dispatched to its storage topic and to every queue it reaches). Returns
+        the items that could not be stored (by index), with why: their storage topic's
+        node is down (:meth:`_store`).
 
         Online clean-session subscribers do not wait for the disk: as with EMQX, what
         they get from memory is not kept for them anyway, and the publisher's ack still
@@ -60,23 +68,92 @@ class Router:
             )
         for owner, delivery in memory:
             owner.deliver(delivery)
-        try:
-            await self.core.processor.append(self.core.caller, requests)
-        except TopicNotFound:
-            await self._append_again(requests)
-        self.messages_in += len(items)
-        for item in items:
-            if item.retain:
-                await self.core.processor.put_latest(
-                    self.core.caller,
-                    storage_topic(item.topic),
-                    item.topic.encode(),
-                    item.message if item.message.body else None,
-                )
+        failed = await self._store(requests)
+        self.messages_in += len(items) - len(failed)
+        for i, item in enumerate(items):
+            if item.retain and i not in failed:
+                try:
+                    await self.core.processor.put_latest(
+                        self.core.caller,
+                        storage_topic(item.topic),
+                        item.topic.encode(),
+                        item.message if item.message.body else None,
+                    )
+                except StorageError as e:
+                    failed[i] = e
         for owner in woken:
             owner.wake()
+        return failed
 
-    async def _append_again(self, requests: list[AppendRequest]) -> None:
+    async def _store(self, requests: list[AppendRequest]) -> dict[int, StorageError]:
+        """One append for all, as a rule. When a node some queue is on is down, that
+        append fails whole (before writing, once the node is known down); then each
+        request is stored in its own storage topic alone, marked with the queues it
+        owes a copy to, which the topic's tail hands to :class:`Repairs` (so only a
+        publish whose own topic is on the dead node fails). A request reaching a queue
+        still owed copies goes that way at once, to keep the queue's order."""
+        repairs = self.repairs
+        owing = [
+            i for i, r in enumerate(requests) if any(repairs.busy(q.topic) for q in r.queues[1:])
+        ]
+        direct = [r for i, r in enumerate(requests) if i not in owing] if owing else requests
+        if direct:
+            try:
+                await self._append(direct)
+            except StorageUnavailable as e:
+                log.info("mqtt: storing %d publishes owing their queue copies: %s", len(direct), e)
+                owing = list(range(len(requests)))
+        return await self._store_owing(requests, owing) if owing else {}
+
+    async def _store_owing(
+        self, requests: list[AppendRequest], owing: list[int]
+    ) -> dict[int, StorageError]:
+        """Store ``requests[i]`` for each ``i`` in ``owing`` in its storage topic only
+        (one append per storage topic, so a dead node fails only its topics' items),
+        marked with the queues it owes (repairs.py)."""
+        by_topic: dict[str, list[int]] = {}
+        for i in owing:
+            by_topic.setdefault(requests[i].queues[0].topic, []).append(i)
+
+        def marked(request: AppendRequest) -> AppendRequest:
+            targets = [q.topic for q in request.queues[1:]]
+            entry = request.entry
+            assert isinstance(entry, Message)
+            return AppendRequest(
+                entry=owing_copies(entry, targets) if targets else entry,
+                queues=request.queues[:1],
+                dedup_key=request.dedup_key,
+            )
+
+        groups = list(by_topic.values())
+        answers = await asyncio.gather(
+            *(self._append([marked(requests[i]) for i in group]) for group in groups),
+            return_exceptions=True,
+        )
+        failed: dict[int, StorageError] = {}
+        for group, answer in zip(groups, answers, strict=True):
+            if isinstance(answer, StorageError):
+                failed.update((i, answer) for i in group)
+                continue
+            if isinstance(answer, BaseException):
+                raise answer
+            for i, result in zip(group, answer, strict=True):
+                request = requests[i]
+                if result.duplicate and len(request.queues) > 1:
+                    # A QoS 2 resend, or the first attempt stored it unmarked before
+                    # the node failed: the copies are made from memory.
+                    entry = request.entry
+                    assert isinstance(entry, Message)
+                    self.repairs.owe(None, 0, entry, [q.topic for q in request.queues[1:]])
+        return failed
+
+    async def _append(self, requests: list[AppendRequest]) -> list[AppendResult]:
+        try:
+            return await self.core.processor.append(self.core.caller, requests)
+        except TopicNotFound:
+            return await self._append_again(requests)
+
+    async def _append_again(self, requests: list[AppendRequest]) -> list[AppendResult]:
         """A topic of the append was deleted behind our back: create it again and
         retry. In the separated form a topic just created (by another gateway, or by
         a concurrent create here) may also be unknown to the routes for a moment,
@@ -88,12 +165,12 @@ class Router:
                 for queue in request.queues:
                     await self.core.ensure_topic(queue.topic)
             try:
-                await self.core.processor.append(self.core.caller, requests)
-                return
+                return await self.core.processor.append(self.core.caller, requests)
             except TopicNotFound:
                 if attempt == ROUTE_RETRIES - 1:
                     raise
                 await asyncio.sleep(ROUTE_RETRY_S)
+        raise AssertionError("unreachable")
 
     def _route(
         self,
@@ -185,11 +262,33 @@ class Router:
 
     async def route_tail(self, topic: str, stored: list[StoredMessage], live: bool) -> None:
         """What a tail of ``topic`` read (``live``: not a catch-up on a topic found
-        late, whose messages go to queues only)."""
-        if self.core.peers is None:
+        late, whose messages go to queues only). Publishes stored owing queue copies
+        are handed to the repairs by one gateway (the topic's owner, as other
+        protocols' copies); the others treat them as any publish."""
+        peers = self.core.peers
+        if any(owed_targets(m.message) for m in stored):
+            if peers is None or peers.owns(topic):
+                for m in stored:
+                    targets = owed_targets(m.message)
+                    if targets:
+                        self.repairs.owe(m.queue, m.offset, without_owed(m.message), targets)
+            stored = [m for m in stored if not self._ours(m)]
+        if peers is None:
             await self._route_foreign(topic, stored, live=live)
         else:
             await self._route_tailed(topic, stored, live=live)
+
+    def tailed(self, stored: StoredMessage) -> bool:
+        """What a tail hands :meth:`route_tail`: other protocols' messages, with
+        several gateways the other gateways' publishes, and publishes stored owing
+        queue copies."""
+        return not self._ours(stored) or bool(owed_targets(stored.message))
+
+    def _ours(self, stored: StoredMessage) -> bool:
+        """An MQTT publish this gateway routed when it arrived."""
+        if self.core.peers is None:
+            return from_mqtt(stored)
+        return not self.not_ours(stored)
 
     async def _route_foreign(
         self, topic: str, stored: list[StoredMessage], *, live: bool = True
@@ -204,6 +303,7 @@ class Router:
         # memory, and one (by the topic's hash) copies into queues (the pumps of
         # sessions served elsewhere wait on their queue, see Outbound._pump).
         copy = self.core.peers is None or self.core.peers.owns(topic)
+        sources = []
         for record in stored:
             message = replace(
                 record.message,
@@ -214,8 +314,9 @@ class Router:
             self._route(item, queues, memory, woken)
             if queues and copy:
                 requests.append(AppendRequest(entry=message, queues=tuple(queues)))
+                sources.append(record)
         if requests:  # copies of what its producer was metered for already
-            await self.core.processor.append(self.core.caller, requests, metered=False)
+            await self._copy_or_owe(sources, requests)
         if live:
             for owner, delivery in memory:
                 owner.deliver(delivery)
@@ -251,6 +352,7 @@ class Router:
         memory: list[tuple[SessionOwner, Delivery]] = []
         woken: list[SessionOwner] = []  # ignored, as are the queues
         requests = []
+        sources = []
         for record in stored:
             message = record.message
             item = Outgoing(
@@ -265,10 +367,26 @@ class Router:
             missed = self._missed(item, stamp[1]) if stamp is not None else []
             if missed:
                 requests.append(AppendRequest(entry=message, queues=tuple(missed)))
+                sources.append(record)
         for owner, delivery in memory:
             owner.deliver(delivery)
         if requests:
+            await self._copy_or_owe(sources, requests)
+
+    async def _copy_or_owe(
+        self, sources: list[StoredMessage], requests: list[AppendRequest]
+    ) -> None:
+        """Copies a tail makes (of ``sources[i]``, as ``requests[i]``): one append, or,
+        when a queue's node is away, owed (repairs.py), the tail held below them."""
+        try:  # copies of what was metered when it was stored
             await self.core.processor.append(self.core.caller, requests, metered=False)
+        except StorageUnavailable as e:
+            log.info("mqtt: %d tail copies owed: %s", len(requests), e)
+            for record, request in zip(sources, requests, strict=True):
+                entry = request.entry
+                assert isinstance(entry, Message)
+                targets = [q.topic for q in request.queues]
+                self.repairs.owe(record.queue, record.offset, entry, targets)
 
     def _missed(self, item: Outgoing, applied: int) -> list[QueueRef]:
         """Queues of persistent sessions the publishing gateway did not route ``item``

@@ -70,7 +70,8 @@ class Tails:
                 from_start=from_start,
                 # Several gateways: each follows for its own clients, at its own position.
                 group=TAIL_GROUP if peers is None else f"{TAIL_GROUP}.{peers.self_id}",
-                keep=None if peers is None else self.router.not_ours,
+                keep=self.router.tailed,
+                hold=self.router.repairs.hold,
             )
             self._tails[topic] = tail
             tail.start()

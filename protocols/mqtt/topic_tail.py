@@ -49,11 +49,14 @@ class TopicTail:
         from_start: bool = False,
         group: str = TAIL_GROUP,
         keep: Callable[[StoredMessage], bool] | None = None,
+        hold: Callable[[QueueRef], int | None] | None = None,
     ) -> None:
         """``from_start``: the topic is known to be newer than the filters that want
         it (found by a wildcard filter's discovery), so all of it is new. ``group``
         holds the position (one per gateway when several serve the namespace);
-        ``keep`` says which messages to route (by default those not from MQTT)."""
+        ``keep`` says which messages to route (by default those not from MQTT);
+        ``hold`` the lowest offset of a queue still needed after routing (copies it
+        owes not made yet, repairs.py): the position is not committed past it."""
         self._processor = processor
         self._caller = caller
         self.topic = topic
@@ -65,6 +68,7 @@ class TopicTail:
         self._from_start = from_start
         self._group = group
         self._keep = keep or _not_from_mqtt
+        self._hold = hold
 
     async def ready(self) -> None:
         """Wait until the tail knows where it starts: a message stored after this
@@ -156,11 +160,19 @@ class TopicTail:
                     await self._route(foreign[len(old) :], True)
             except Exception:
                 log.exception("mqtt tail of %s: routing failed", queue)
-            if offset != committed and (
+            position = offset
+            held = self._hold(queue) if self._hold is not None else None
+            if held is not None:
+                position = min(position, held)
+            if position != committed and (
                 foreign or time.monotonic() - committed_at > _COMMIT_EVERY_S
             ):
-                await self._processor.commit_offset(self._caller, self._group, queue, offset)
-                committed, committed_at = offset, time.monotonic()
+                try:
+                    await self._processor.commit_offset(self._caller, self._group, queue, position)
+                except StorageError as e:  # the position's node is away: next time
+                    log.warning("mqtt tail of %s: committing: %s", queue, e)
+                else:
+                    committed, committed_at = position, time.monotonic()
 
 
 def _not_from_mqtt(stored: StoredMessage) -> bool:

@@ -1,0 +1,162 @@
+"""Copies a publish owes to session and shared queues that were unavailable.
+
+A publish is acknowledged once it is stored in its own storage topic. When the queue
+of a persistent session (or shared group) it reaches is on a storage node that is
+down, the publish is stored in its topic alone, with the names of the queues it still
+owes a copy to in its last property (``mqtt.owed``), so a dead node fails only what
+needs it (issue 22). The topic's tail reads it back like any message; this module
+makes the copies, retried until their node answers, in order per queue, and holds
+the tail's committed position below every owed message whose copies are not all
+made, so a gateway that dies meanwhile leaves them to its successor's tail (which
+makes them again: QoS 1 allows the duplicate). docs/mqtt.md, "A storage node down".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from dataclasses import dataclass, field, replace
+
+from polymq.protocols.mqtt.core import BrokerCore
+from polymq.storage.errors import QueueNotFound, StorageError, TopicNotFound
+from polymq.storage.model import AppendRequest, Message, QueueRef
+
+__all__ = ["MQTT_OWED", "Repairs", "owed_targets", "owing", "without_owed"]
+
+log = logging.getLogger(__name__)
+
+MQTT_OWED = "mqtt.owed"  # private (interop.PRIVATE_PREFIXES): no consumer sees it
+_RETRY_S = 1.0
+_BATCH = 256  # copies per append into one queue
+
+
+def owing(message: Message, targets: list[str]) -> Message:
+    """``message`` marked as owing copies to the queues named ``targets`` (last
+    property, so a tail finds it without a scan)."""
+    value = "\n".join(targets).encode()
+    return replace(message, properties=(*message.properties, (MQTT_OWED, value)))
+
+
+def owed_targets(message: Message) -> list[str]:
+    """The queues a stored publish owes a copy to (none for most messages)."""
+    properties = message.properties
+    if not properties or properties[-1][0] != MQTT_OWED:
+        return []
+    return properties[-1][1].decode("utf-8", "replace").split("\n")
+
+
+def without_owed(message: Message) -> Message:
+    """A marked publish as the queues it owes get it."""
+    return replace(message, properties=message.properties[:-1])
+
+
+@dataclass(eq=False)
+class _Owed:
+    source: QueueRef | None  # where the marked message is stored (None: not marked)
+    offset: int
+    message: Message  # as the queues get it
+    left: set[str] = field(default_factory=set)  # queues not yet given their copy
+
+
+class Repairs:
+    """The owed copies of one namespace's broker: a queue per target, each with one
+    task that appends them in order while its node is away."""
+
+    def __init__(self, core: BrokerCore) -> None:
+        self.core = core
+        self._by_target: dict[str, deque[_Owed]] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        # Per source queue, the owed messages not fully copied, in offset order.
+        self._by_source: dict[QueueRef, dict[int, _Owed]] = {}
+
+    def busy(self, target: str) -> bool:
+        """Whether copies are still owed to that queue: a publish reaching it is
+        stored owing too, so the copies reach it in publish order."""
+        return target in self._by_target
+
+    def owe(
+        self, source: QueueRef | None, offset: int, message: Message, targets: list[str]
+    ) -> None:
+        """Copies of ``message`` to make into the queues named ``targets``, for what a
+        tail read from ``source`` at ``offset`` (held there until made), or for what
+        no tail will read again (``source`` None: made from memory only)."""
+        if source is not None and offset in self._by_source.get(source, {}):
+            return  # read again (the tail started over): already owed
+        owed = _Owed(source, offset, message, set(targets))
+        if source is not None:
+            self._by_source.setdefault(source, {})[offset] = owed
+        for target in targets:
+            self._by_target.setdefault(target, deque()).append(owed)
+            task = self._tasks.get(target)
+            if task is None or task.done():
+                self._tasks[target] = self.core.tasks.spawn(self._copy(target))
+
+    def hold(self, source: QueueRef) -> int | None:
+        """The lowest offset of ``source`` whose copies are not all made: a tail
+        commits no further."""
+        pending = self._by_source.get(source)
+        return next(iter(pending)) if pending else None
+
+    async def _copy(self, target: str) -> None:
+        queue = QueueRef(self.core.namespace, target, 0)
+        pending = self._by_target[target]
+        while pending:
+            batch = [pending[i] for i in range(min(_BATCH, len(pending)))]
+            requests = [AppendRequest(entry=owed.message, queues=(queue,)) for owed in batch]
+            try:  # copies of what was metered when it was published
+                await self.core.processor.append(self.core.caller, requests, metered=False)
+            except (TopicNotFound, QueueNotFound):
+                if self._wanted(target):  # a route not known yet: retry
+                    await asyncio.sleep(_RETRY_S)
+                    continue
+                log.info("mqtt: %d copies owed to %s dropped: it is gone", len(pending), target)
+                batch = list(pending)
+            except StorageError as e:  # its node is away: wait for it
+                log.debug("mqtt: copies owed to %s wait: %s", target, e)
+                await asyncio.sleep(_RETRY_S)
+                continue
+            else:
+                self._wake(target)
+            for owed in batch:
+                pending.popleft()
+                self._done(owed, target)
+        del self._by_target[target]
+
+    def _done(self, owed: _Owed, target: str) -> None:
+        owed.left.discard(target)
+        if owed.left or owed.source is None:
+            return
+        pending = self._by_source.get(owed.source)
+        if pending is not None:
+            pending.pop(owed.offset, None)
+            if not pending:
+                del self._by_source[owed.source]
+
+    def _wanted(self, target: str) -> bool:
+        """Whether some session or shared group still has that queue."""
+        core = self.core
+        return any(
+            s.queue is not None and s.queue.topic == target for s in core.sessions.values()
+        ) or any(g.queue.topic == target for g in core.shared.values())
+
+    def _wake(self, target: str) -> None:
+        for session in self.core.sessions.values():
+            if session.owner is not None and session.queue and session.queue.topic == target:
+                session.owner.wake()
+        for group in self.core.shared.values():
+            if group.queue.topic == target:
+                owner = group.next_owner()
+                if owner is not None:
+                    owner.wake()
+
+    async def close(self) -> None:
+        """Stop copying (server stop): what is left is held in the tails' positions."""
+        tasks = list(self._tasks.values())
+        self._tasks.clear()
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(BaseException):
+                await task

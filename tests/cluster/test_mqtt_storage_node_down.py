@@ -1,0 +1,146 @@
+"""MQTT keeps serving while a storage node is down (issue 22, item 4).
+
+A persistent QoS 1 subscriber whose session queue is on storage node A, another whose
+queue is on node B, and publishers (MQTT 3.1.1 and 5) to a topic stored on node B.
+Node A is SIGKILLed: every publish to B's topic still gets its PUBACK (reason 0), no
+publisher is disconnected, and B's subscriber keeps receiving. Node A restarts: A's
+subscriber gets every message that was acknowledged, those of the outage included.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from pathlib import Path
+
+from polymq.gateway.cluster_tool import LocalCluster, layout
+from polymq.nameserver.client import NameserverClient
+from polymq.protocols.mqtt.model import SESSION_PREFIX
+from polymq.storage.routes import RouteTable
+from tests.cluster.fast_failure import cluster_env
+from tests.mqtt.helpers import TIMEOUT, Paho
+
+ONE_FORM = True  # the separated form as processes, built here
+_NAMESPACE = "default"
+_BEFORE, _DURING, _AFTER = 10, 20, 10
+
+
+async def test_publishes_to_a_live_node_keep_their_acks_while_a_session_node_is_down(
+    tmp_path: Path,
+) -> None:
+    specs = layout(storage=2, gateways=1, data_dir=tmp_path, port_offset=None)
+    cluster = LocalCluster(specs, env=cluster_env())
+    await cluster.start()
+    try:
+        port = cluster.address("gateway-1", "mqtt")[1]
+        setup = await asyncio.to_thread(_placed, cluster, port)
+        acked = await asyncio.to_thread(_publish, setup, "before", _BEFORE)
+        await asyncio.to_thread(_received_by, setup.on_b, acked, "B's subscriber, before")
+        await cluster.kill(f"storage-{setup.node_a.removeprefix('node-')}")
+        during = await asyncio.to_thread(_publish, setup, "during", _DURING)
+        await asyncio.to_thread(_received_by, setup.on_b, during, "B's subscriber, A down")
+        await cluster.start(f"storage-{setup.node_a.removeprefix('node-')}")
+        after = await asyncio.to_thread(_publish, setup, "after", _AFTER)
+        owed = acked | during | after
+        await asyncio.to_thread(_received_by, setup.on_a, owed, "A's subscriber", 120.0)
+        await asyncio.to_thread(_received_by, setup.on_b, owed, "B's subscriber")
+        for publisher in setup.publishers:
+            assert publisher.disconnects == [], f"{publisher.client_id} was disconnected"
+            publisher.disconnect()
+        setup.on_a.disconnect()
+        setup.on_b.disconnect()
+    finally:
+        await cluster.stop()
+
+
+class _Setup:
+    def __init__(
+        self, node_a: str, topic: str, on_a: Paho, on_b: Paho, publishers: list[Paho]
+    ) -> None:
+        self.node_a = node_a
+        self.topic = topic
+        self.on_a = on_a
+        self.on_b = on_b
+        self.publishers = publishers
+
+
+def _routes(cluster: LocalCluster) -> RouteTable:
+    async def status() -> RouteTable:
+        client = NameserverClient([cluster.nameserver])
+        try:
+            return await client.status()
+        finally:
+            await client.close()
+
+    return asyncio.run(status())
+
+
+def _node_of(cluster: LocalCluster, topic: str) -> tuple[str, RouteTable]:
+    deadline = time.monotonic() + TIMEOUT
+    while True:
+        routes = _routes(cluster)
+        node = routes.topics.get((_NAMESPACE, topic))
+        if node is not None and _NAMESPACE in routes.homes:
+            return node, routes
+        assert time.monotonic() < deadline, f"{topic} never showed in the routes"
+        time.sleep(0.1)
+
+
+def _session_on(cluster: LocalCluster, port: int, wanted: str | None) -> tuple[Paho, str, str]:
+    """A persistent subscriber whose session queue is on node ``wanted`` (any node if
+    None); returns it, its node and the namespace's home node."""
+    for _ in range(40):
+        client = Paho(port, clean=False).connect()
+        assert client.connack == (False, 0)
+        node, routes = _node_of(cluster, SESSION_PREFIX + client.client_id)
+        if wanted is None or node == wanted:
+            return client, node, routes.homes[_NAMESPACE]
+        client.disconnect()
+    raise AssertionError(f"no session queue placed on {wanted}")
+
+
+def _placed(cluster: LocalCluster, port: int) -> _Setup:
+    """Node B: the namespace's home (its metadata, the sessions' records, stays up:
+    losing it is another subject, docs/cluster.md); node A: the other one."""
+    probe, _, home = _session_on(cluster, port, None)
+    probe.disconnect()
+    nodes = {node.node_id for node in _routes(cluster).nodes}
+    assert len(nodes) == 2, nodes
+    node_a = next(n for n in nodes if n != home)
+    on_a, _, _ = _session_on(cluster, port, node_a)
+    on_b, _, _ = _session_on(cluster, port, home)
+    publisher3 = Paho(port).connect()
+    publisher5 = Paho(port, v5=True).connect()
+    for _ in range(40):
+        topic = f"p{uuid.uuid4().hex[:8]}"
+        assert publisher3.publish(f"{topic}/probe", b"probe", qos=1) == 0
+        if _node_of(cluster, topic)[0] == home:
+            break
+    else:
+        raise AssertionError("no topic placed on the home node")
+    for subscriber in (on_a, on_b):
+        assert subscriber.subscribe(f"{topic}/#", qos=1) == [1]
+    return _Setup(node_a, topic, on_a, on_b, [publisher3, publisher5])
+
+
+def _publish(setup: _Setup, phase: str, count: int) -> set[bytes]:
+    """``count`` QoS 1 publishes from each publisher, each acknowledged with reason 0."""
+    acked = set()
+    for i in range(count):
+        for publisher in setup.publishers:
+            payload = f"{phase}-{publisher.client_id}-{i}".encode()
+            reason = publisher.publish(f"{setup.topic}/{phase}", payload, qos=1)
+            assert reason == 0, f"{payload!r} acknowledged with reason {reason:#x}"
+            assert publisher.disconnects == [], f"{publisher.client_id} was disconnected"
+            acked.add(payload)
+    return acked
+
+
+def _received_by(
+    subscriber: Paho, payloads: set[bytes], what: str, timeout: float = TIMEOUT * 2
+) -> None:
+    def got() -> bool:
+        return payloads <= {m.payload for m in subscriber.messages}
+
+    subscriber.wait(got, f"every acknowledged message at {what}", timeout=timeout)
