@@ -7,6 +7,11 @@ reached the directory answers with this gateway alone: a client is then told of 
 gateway that certainly works, and rendezvous ownership (``owner_of``) makes this
 gateway the coordinator of everything it is asked about, which it can serve, rather
 than a gateway that may be gone.
+
+Each refresh also dials every peer once (:mod:`navigation.liveness`): a peer whose
+listener refuses the connection has died, and is left out of the lists from then
+until it accepts again, instead of until navigation's expiry. Without that, Kafka
+clients told that a killed gateway leads a partition stalled for the whole expiry.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from urllib.parse import quote
 import httpx
 
 from polymq.navigation.endpoints import GatewayEndpoint
+from polymq.navigation.liveness import probe_targets, refusing
 from polymq.storage.lifecycle import Service
 
 __all__ = ["NavigationDirectory"]
@@ -32,7 +38,9 @@ class NavigationDirectory(Service):
 
     ``endpoints``: this gateway's listeners by protocol, asked at every heartbeat
     (they are known only once the listeners are bound). ``load``: a figure navigation
-    sorts by, lower is better (open connections, say)."""
+    sorts by, lower is better (open connections, say). ``probe_peers``: dial the
+    peers at each refresh and leave out those that refuse (off only where peers are
+    made-up addresses, in tests)."""
 
     def __init__(
         self,
@@ -43,6 +51,7 @@ class NavigationDirectory(Service):
         endpoints: Callable[[], Mapping[str, GatewayEndpoint]],
         load: Callable[[], float] = lambda: 0.0,
         heartbeat_ms: int = 1000,
+        probe_peers: bool = True,
     ) -> None:
         super().__init__()
         self._url = url.rstrip("/")
@@ -53,7 +62,11 @@ class NavigationDirectory(Service):
         self._interval_s = heartbeat_ms / 1000
         # Slower than an interval is as bad as no answer: the next beat is due.
         self._timeout_s = min(5.0, max(0.5, 2 * self._interval_s))
+        # A refusal is immediate; a peer slower than this to accept is left to the
+        # expiry, and the refresh is not held up by it.
+        self._probe_timeout_s = min(0.5, self._timeout_s) if probe_peers else None
         self._lists: dict[str, tuple[GatewayEndpoint, ...]] = {}
+        self._refused: frozenset[str] = frozenset()  # peers whose listener refused
         self._reachable = False
         self._failing = False
         self._http: httpx.AsyncClient | None = None
@@ -78,6 +91,8 @@ class NavigationDirectory(Service):
                 load=float(self._load()),
             )
         listed = self._lists.get(protocol, ()) if self._reachable else ()
+        if self._refused:
+            listed = tuple(e for e in listed if e.gateway_id not in self._refused)
         if own is None or any(e.gateway_id == self._id for e in listed):
             return listed
         return (*listed, own)
@@ -146,6 +161,21 @@ class NavigationDirectory(Service):
         if not self._reachable:
             log.info("navigation %s: registered %s", self._url, self._id)
         self._lists, self._reachable, self._failing = lists, True, False
+        await self._probe(lists)
+
+    async def _probe(self, lists: Mapping[str, Sequence[GatewayEndpoint]]) -> None:
+        """Dial every peer; note which refuse, and log each change once."""
+        if self._probe_timeout_s is None:
+            return
+        targets = probe_targets(lists, self._id)
+        refused = frozenset(await refusing(targets, self._probe_timeout_s))
+        for peer in sorted(refused - self._refused):
+            host, port = targets[peer]
+            log.info("gateway %s refuses connections at %s:%d: not offering it", peer, host, port)
+        for peer in sorted(self._refused - refused):
+            if peer in targets:
+                log.info("gateway %s accepts connections again", peer)
+        self._refused = refused
 
     def _heartbeat(self, own: Mapping[str, GatewayEndpoint]) -> dict[str, Any]:
         return {

@@ -1,6 +1,7 @@
 """Gateways' directories against a real navigation server on a free port: they find
 each other, a clean stop is seen at once, a silent gateway drops out after the expiry,
-and without navigation a gateway lists itself alone."""
+a peer whose listener refuses connections drops out before it, and without navigation
+a gateway lists itself alone."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import pytest
 
 from polymq.navigation.directory import NavigationDirectory
 from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint, RegisteredDirectory
+from polymq.navigation.liveness import probe_targets
 from polymq.navigation.server import NavigationServer
+from polymq.storage.clock import SystemClock
 
 WAIT_S = 10.0
 BEAT_MS = 50
@@ -30,7 +33,10 @@ def listeners(gateway_id: str, **ports: int) -> Callable[[], Mapping[str, Gatewa
     return own
 
 
-def directory(url: str, gateway_id: str, zone: str = "z", **ports: int) -> NavigationDirectory:
+def directory(
+    url: str, gateway_id: str, zone: str = "z", *, probe: bool = False, **ports: int
+) -> NavigationDirectory:
+    """``probe`` off by default: most tests list made-up ports nothing listens on."""
     return NavigationDirectory(
         url,
         gateway_id=gateway_id,
@@ -38,6 +44,7 @@ def directory(url: str, gateway_id: str, zone: str = "z", **ports: int) -> Navig
         endpoints=listeners(gateway_id, **ports),
         load=lambda: float(len(gateway_id)),
         heartbeat_ms=BEAT_MS,
+        probe_peers=probe,
     )
 
 
@@ -168,3 +175,53 @@ async def test_navigation_going_away_and_coming_back() -> None:
         async with NavigationServer(port=port, gateway_expiry_ms=EXPIRY_MS):
             await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])
             await until(lambda: ids(two, "kafka") == ["g-one", "g-two"])
+
+
+async def _listening(port: int = 0) -> asyncio.Server:
+    async def drop(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    return await asyncio.start_server(drop, "127.0.0.1", port)
+
+
+async def test_a_peer_that_refuses_connections_drops_out_before_the_expiry(
+    navigation: NavigationServer,
+) -> None:
+    """A SIGKILLed gateway stops heartbeating, but navigation offers it until the
+    expiry; its peers, dialling it, are refused at once and stop offering it, and
+    offer it again once it listens again (restarted on its ports)."""
+    mine, theirs = await _listening(), await _listening()
+    own_port = mine.sockets[0].getsockname()[1]
+    port = theirs.sockets[0].getsockname()[1]
+    one = directory(navigation.url, "g-one", probe=True, kafka=own_port)
+    two = directory(navigation.url, "g-two", probe=True, kafka=port)
+    try:
+        async with started(one, two):
+            await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])
+            theirs.close()
+            await theirs.wait_closed()
+            await until(lambda: ids(one, "kafka") == ["g-one"])
+            # Navigation itself still offers it (g-two goes on heartbeating here;
+            # a killed one would be within its expiry).
+            listed = navigation.registry.endpoints("kafka", SystemClock().now_ms())
+            assert [e.gateway_id for e in listed] == ["g-one", "g-two"]
+            assert ids(two, "kafka") == ["g-one", "g-two"]  # it never dials itself
+            theirs = await _listening(port)
+            await until(lambda: ids(one, "kafka") == ["g-one", "g-two"])
+    finally:
+        for server in (mine, theirs):
+            server.close()
+            await server.wait_closed()
+
+
+def test_one_listener_per_peer_is_dialled() -> None:
+    def ep(gateway_id: str, port: int, host: str = "h") -> GatewayEndpoint:
+        return GatewayEndpoint(gateway_id=gateway_id, host=host, port=port)
+
+    lists = {
+        "mqtt_ws": (ep("a", 1), ep("b", 2), ep("c", 3)),
+        "amqp": (ep("a", 4), ep("b", 5)),
+        "kafka": (ep("me", 6), ep("a", 7), ep("d", 8, host="")),
+    }
+    # kafka first, then amqp, then the rest; never this gateway, never an empty host
+    assert probe_targets(lists, "me") == {"a": ("h", 7), "b": ("h", 5), "c": ("h", 3)}
