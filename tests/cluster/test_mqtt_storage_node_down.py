@@ -12,7 +12,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+
+import pytest
 
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
@@ -26,30 +30,61 @@ _NAMESPACE = "default"
 _BEFORE, _DURING, _AFTER = 10, 20, 10
 
 
+@pytest.mark.parametrize("gateways", [1, 2])
 async def test_publishes_to_a_live_node_keep_their_acks_while_a_session_node_is_down(
-    tmp_path: Path,
+    tmp_path: Path, gateways: int
 ) -> None:
-    specs = layout(storage=2, gateways=1, data_dir=tmp_path, port_offset=None)
-    cluster = LocalCluster(specs, env=cluster_env())
-    await cluster.start()
-    try:
-        port = cluster.address("gateway-1", "mqtt")[1]
-        setup = await asyncio.to_thread(_placed, cluster, port)
+    """With two gateways the subscribers are on the first, the publishers on the
+    second (which routes to the sessions through what the first announced)."""
+    async with _cluster(tmp_path, gateways) as cluster:
+        subscribers = cluster.address("gateway-1", "mqtt")[1]
+        publishers = cluster.address(f"gateway-{gateways}", "mqtt")[1]
+        setup = await asyncio.to_thread(_placed, cluster, subscribers, publishers)
         acked = await asyncio.to_thread(_publish, setup, "before", _BEFORE)
+        await asyncio.to_thread(_received_by, setup.on_a, acked, "A's subscriber, before")
         await asyncio.to_thread(_received_by, setup.on_b, acked, "B's subscriber, before")
-        await cluster.kill(f"storage-{setup.node_a.removeprefix('node-')}")
+        await cluster.kill(setup.storage_a)
         during = await asyncio.to_thread(_publish, setup, "during", _DURING)
         await asyncio.to_thread(_received_by, setup.on_b, during, "B's subscriber, A down")
-        await cluster.start(f"storage-{setup.node_a.removeprefix('node-')}")
+        await cluster.start(setup.storage_a)
         after = await asyncio.to_thread(_publish, setup, "after", _AFTER)
         owed = acked | during | after
         await asyncio.to_thread(_received_by, setup.on_a, owed, "A's subscriber", 120.0)
         await asyncio.to_thread(_received_by, setup.on_b, owed, "B's subscriber")
         for publisher in setup.publishers:
             assert publisher.disconnects == [], f"{publisher.client_id} was disconnected"
-            publisher.disconnect()
-        setup.on_a.disconnect()
-        setup.on_b.disconnect()
+        setup.close()
+
+
+async def test_copies_owed_by_a_gateway_killed_during_the_outage_are_made_after_it(
+    tmp_path: Path,
+) -> None:
+    """What the gateway owed when it died is held in storage (the marked publishes
+    and its tail's position), not only in its memory: restarted after node A, it makes
+    the copies."""
+    async with _cluster(tmp_path, 1) as cluster:
+        port = cluster.address("gateway-1", "mqtt")[1]
+        setup = await asyncio.to_thread(_placed, cluster, port, port)
+        acked = await asyncio.to_thread(_publish, setup, "before", _BEFORE)
+        await asyncio.to_thread(_received_by, setup.on_a, acked, "A's subscriber, before")
+        await cluster.kill(setup.storage_a)
+        during = await asyncio.to_thread(_publish, setup, "during", _DURING)
+        await cluster.kill("gateway-1")
+        await cluster.start(setup.storage_a)
+        await cluster.start("gateway-1")
+        # paho reconnects by itself, to the same port
+        owed = acked | during
+        await asyncio.to_thread(_received_by, setup.on_a, owed, "A's subscriber", 120.0)
+        setup.close()
+
+
+@asynccontextmanager
+async def _cluster(tmp_path: Path, gateways: int) -> AsyncIterator[LocalCluster]:
+    specs = layout(storage=2, gateways=gateways, data_dir=tmp_path, port_offset=None)
+    cluster = LocalCluster(specs, env=cluster_env())
+    await cluster.start()
+    try:
+        yield cluster
     finally:
         await cluster.stop()
 
@@ -58,11 +93,15 @@ class _Setup:
     def __init__(
         self, node_a: str, topic: str, on_a: Paho, on_b: Paho, publishers: list[Paho]
     ) -> None:
-        self.node_a = node_a
+        self.storage_a = f"storage-{node_a.removeprefix('node-')}"
         self.topic = topic
         self.on_a = on_a
         self.on_b = on_b
         self.publishers = publishers
+
+    def close(self) -> None:
+        for client in (self.on_a, self.on_b, *self.publishers):
+            client.disconnect()
 
 
 def _routes(cluster: LocalCluster) -> RouteTable:
@@ -100,18 +139,18 @@ def _session_on(cluster: LocalCluster, port: int, wanted: str | None) -> tuple[P
     raise AssertionError(f"no session queue placed on {wanted}")
 
 
-def _placed(cluster: LocalCluster, port: int) -> _Setup:
+def _placed(cluster: LocalCluster, subscribers: int, publishers: int) -> _Setup:
     """Node B: the namespace's home (its metadata, the sessions' records, stays up:
     losing it is another subject, docs/cluster.md); node A: the other one."""
-    probe, _, home = _session_on(cluster, port, None)
+    probe, _, home = _session_on(cluster, subscribers, None)
     probe.disconnect()
     nodes = {node.node_id for node in _routes(cluster).nodes}
     assert len(nodes) == 2, nodes
     node_a = next(n for n in nodes if n != home)
-    on_a, _, _ = _session_on(cluster, port, node_a)
-    on_b, _, _ = _session_on(cluster, port, home)
-    publisher3 = Paho(port).connect()
-    publisher5 = Paho(port, v5=True).connect()
+    on_a, _, _ = _session_on(cluster, subscribers, node_a)
+    on_b, _, _ = _session_on(cluster, subscribers, home)
+    publisher3 = Paho(publishers).connect()
+    publisher5 = Paho(publishers, v5=True).connect()
     for _ in range(40):
         topic = f"p{uuid.uuid4().hex[:8]}"
         assert publisher3.publish(f"{topic}/probe", b"probe", qos=1) == 0
