@@ -36,13 +36,8 @@ from polymq.protocols.amqp.properties import (
 from polymq.protocols.amqp.publishing import REPLY_TO, Publish, Publisher
 from polymq.protocols.amqp.queues import QueueDef
 from polymq.storage.errors import (
-    InvalidArgument,
-    InvalidName,
     InvalidReceipt,
-    MessageTooLarge,
     StorageError,
-    StorageUnavailable,
-    TopicNotFound,
 )
 from polymq.storage.model import QueueRef, StoredMessage
 
@@ -214,6 +209,8 @@ class Channel:
                         next_item = await self._inbox.get()
                         assert isinstance(next_item, Publish)
                         batch.append(next_item)
+                    if not self.conn.has_vhost:
+                        await self._guard(self._load_vhost(), batch[0].method)
                     await self._guard(self._publish_batch(batch), batch[0].method)
                 elif isinstance(item, _Renew):
                     await self._renew_leases()
@@ -227,6 +224,8 @@ class Channel:
                             f"method {item.name} is not supported",
                             *_ids(item),
                         )
+                    if not self.conn.has_vhost and type(item) not in _WITHOUT_VHOST:
+                        await self._guard(self._load_vhost(), item)
                     await self._guard(handler(self, item), item)
             except AmqpError as e:
                 if isinstance(e, ChannelError):
@@ -259,6 +258,9 @@ class Channel:
             if self.unacked.get(tag) is delivery:
                 delivery.stored = renewed
 
+    async def _load_vhost(self) -> None:
+        await self.conn.ensure_vhost()
+
     async def _guard(self, call: Awaitable[None], method: MethodFrame) -> None:
         """Run a handler, turning the storage and access errors a peer can provoke
         into the channel error the spec names."""
@@ -268,16 +270,10 @@ class Channel:
             if not e.class_id:
                 e.class_id, e.method_id = _ids(method)
             raise
-        except TopicNotFound as e:  # the queue was deleted while we worked on it
-            raise ChannelError(errors.NOT_FOUND, str(e), *_ids(method)) from e
-        except (InvalidName, InvalidArgument, MessageTooLarge) as e:
-            raise ChannelError(errors.PRECONDITION_FAILED, str(e), *_ids(method)) from e
         except AccessDenied as e:
             raise ChannelError(errors.ACCESS_REFUSED, str(e), *_ids(method)) from e
-        except StorageUnavailable as e:  # RabbitMQ: "home node of queue ... is down"
-            raise ChannelError(errors.NOT_FOUND, str(e), *_ids(method)) from e
-        except StorageError as e:
-            raise ConnectionError_(errors.INTERNAL_ERROR, str(e), *_ids(method)) from e
+        except StorageError as e:  # a queue deleted meanwhile, its node down, a bad name
+            raise errors.from_storage(e, *_ids(method)) from e
 
     def send(self, method: MethodFrame) -> None:
         self.conn.send_frame(self.number, method)
@@ -320,6 +316,8 @@ class Channel:
         deliveries = list(self.unacked.values())
         self.unacked.clear()
         await self._requeue(deliveries)
+        if not consumers:
+            return
         vhost = self.conn.vhost
         for consumer in consumers:
             consumer.queue.consumers.discard(consumer)
@@ -758,6 +756,20 @@ def _ids(method: MethodFrame) -> tuple[int, int]:
     index = getattr(method, "index", 0)
     return index >> 16, index & 0xFFFF
 
+
+# What a channel does without its vhost's definitions (which a channel of a
+# connection opened while they were unavailable loads before anything else).
+_WITHOUT_VHOST: Final = frozenset(
+    {
+        commands.Channel.Close,
+        commands.Channel.Flow,
+        commands.Channel.FlowOk,
+        commands.Basic.Qos,
+        commands.Confirm.Select,
+        commands.Tx.Select,
+        commands.Tx.Rollback,
+    }
+)
 
 _HANDLERS: Final[dict[type, Handler]] = {
     commands.Channel.Close: Channel._channel_close,

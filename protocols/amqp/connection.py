@@ -39,7 +39,7 @@ from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionErro
 from polymq.protocols.amqp.fields import FieldError, decode_table
 from polymq.protocols.amqp.flow import FlowControl
 from polymq.protocols.amqp.vhost import AmqpServices, VirtualHost
-from polymq.storage.errors import StorageError
+from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.lifecycle import TaskSet
 
 __all__ = ["AmqpConnection"]
@@ -132,7 +132,21 @@ class AmqpConnection:
 
     @property
     def vhost(self) -> VirtualHost:
+        """The loaded vhost: every channel method that needs it first awaits
+        :meth:`ensure_vhost`."""
         assert self._vhost is not None
+        return self._vhost
+
+    @property
+    def has_vhost(self) -> bool:
+        return self._vhost is not None
+
+    async def ensure_vhost(self) -> VirtualHost:
+        """The vhost, loaded now if connection.open could not (its storage was
+        unavailable then): :class:`StorageUnavailable` again closes only the channel
+        that needed it, and the next method tries again."""
+        if self._vhost is None:
+            self._vhost = await self._services.get(self.caller)
         return self._vhost
 
     @property
@@ -569,7 +583,13 @@ class AmqpConnection:
             connection_id=caller.connection_id,
             client_id=caller.client_id,
         )
-        self._vhost = await self._services.get(self._caller)
+        try:
+            self._vhost = await self._services.get(self._caller)
+        except StorageUnavailable as e:
+            # The namespace's definitions live on its home node: while that (or the
+            # node of the vhost's change log) is down, the connection opens anyway and
+            # its channels load the vhost when they first need it (docs/amqp.md).
+            log.warning("amqp: vhost '%s' not loaded at connection.open: %s", vhost, e)
         if self._connection_id is not None:
             self._context.connections.identify(
                 self._connection_id,

@@ -13,7 +13,7 @@ from pamqp import commands
 from polymq.protocols.amqp import errors
 from polymq.protocols.amqp.errors import AmqpError, ConnectionError_
 from polymq.protocols.amqp.queues import QueueDef
-from polymq.storage.errors import TopicNotFound
+from polymq.storage.errors import StorageError, TopicNotFound
 from polymq.storage.model import StoredMessage
 
 if TYPE_CHECKING:
@@ -92,6 +92,9 @@ class Consumer:
             raise
         except AmqpError as e:
             channel.conn.fail_channel(channel, e)
+        except StorageError as e:  # e.g. the queue's storage node is down: this channel only
+            log.info("amqp consumer %s stopped: %s", self.tag, e)
+            channel.conn.fail_channel(channel, errors.from_storage(e, 60, 20))
         except Exception as e:
             log.exception("amqp consumer %s failed", self.tag)
             channel.conn.fail(ConnectionError_(errors.INTERNAL_ERROR, str(e)))

@@ -10,6 +10,15 @@ from __future__ import annotations
 
 from typing import Final
 
+from polymq.storage.errors import (
+    InvalidArgument,
+    InvalidName,
+    MessageTooLarge,
+    StorageError,
+    StorageUnavailable,
+    TopicNotFound,
+)
+
 __all__ = [
     "ACCESS_REFUSED",
     "CHANNEL_ERROR",
@@ -29,6 +38,7 @@ __all__ = [
     "AmqpError",
     "ChannelError",
     "ConnectionError_",
+    "from_storage",
 ]
 
 REPLY_SUCCESS: Final = 200
@@ -83,3 +93,16 @@ class ChannelError(AmqpError):
 
 class ConnectionError_(AmqpError):
     """Closes the connection."""
+
+
+def from_storage(error: StorageError, class_id: int = 0, method_id: int = 0) -> AmqpError:
+    """The AMQP error for a storage error met while handling a method (``class_id``,
+    ``method_id``): what the peer can cause, or what concerns one queue, closes only
+    the channel (an unavailable storage node is RabbitMQ's 404 for a queue whose node
+    is down, docs/cluster.md); anything else is ours, and closes the connection."""
+    text = str(error)
+    if isinstance(error, TopicNotFound | StorageUnavailable):
+        return ChannelError(NOT_FOUND, text, class_id, method_id)
+    if isinstance(error, InvalidName | InvalidArgument | MessageTooLarge):
+        return ChannelError(PRECONDITION_FAILED, text, class_id, method_id)
+    return ConnectionError_(INTERNAL_ERROR, text, class_id, method_id)

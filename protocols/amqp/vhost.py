@@ -716,6 +716,10 @@ class AmqpServices:
             host = self._hosts.get(caller.namespace)
             if host is None:
                 host = VirtualHost(caller.namespace, self._processor, self.membership)
-                await host.load(caller)
+                try:
+                    await host.load(caller)
+                except BaseException:
+                    await host.close()  # what it started (tails, timers); the next get tries anew
+                    raise
                 self._hosts[caller.namespace] = host
             return host
