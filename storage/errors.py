@@ -124,6 +124,12 @@ class StorageUnavailable(StorageError, code="storage_unavailable"):
     Adapters answer with their protocol's retryable error."""
 
 
+class ShardMoved(StorageUnavailable, code="shard_moved"):
+    """This node no longer owns the shard: its lease passed to another node, whose
+    appends fenced this one's off the shard's replicated log. The request did not take
+    effect; the shard's route changes to the new owner within a takeover."""
+
+
 def error_from_code(code: str, message: str) -> StorageError:
     """Rebuild a typed error received over the network from its stable code."""
     return _BY_CODE.get(code, StorageError)(message)

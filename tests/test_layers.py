@@ -10,9 +10,9 @@ The layers, lowest first (a module may import its own layer's modules and those 
 lower layers only):
 
     0 model        storage.model, .api, .errors, .names, .clock, .lifecycle, ...
-    1 engine, rpc  storage.engine, storage.rpc
+    1 engine, rpc  storage.engine, storage.rpc, storage.replicated (the log in JetStream)
     2 directories  nameserver, navigation          (soft state, over the RPC)
-    3 pool         storage.remote, .cluster*, .node (the pool's clients and nodes)
+    3 pool         storage.remote, .cluster*, .node, .replicated.host (clients and nodes)
     4 gateway      gateway (processor, accounts, metering, listener machinery)
     5 protocols    protocols
     6 conformance  conformance                     (drives clients; serves nothing)
@@ -39,6 +39,8 @@ LAYERS: dict[str, int] = {
     "storage.engine": 1,
     "storage.memory": 1,
     "storage.rpc": 1,
+    "storage.replicated": 1,
+    "storage.replicated.host": 3,
     "nameserver": 2,
     "navigation": 2,
     "storage.remote": 3,

@@ -32,7 +32,7 @@ import crc32c
 
 from polymq.storage.engine.config import Durability
 from polymq.storage.engine.files import fsync_directory
-from polymq.storage.errors import StorageClosed, StorageFailed
+from polymq.storage.errors import StorageClosed, StorageError, StorageFailed, StorageUnavailable
 
 __all__ = ["HEADER_SIZE", "CommitLog"]
 
@@ -85,6 +85,7 @@ class CommitLog:
         self._syncer: asyncio.Task[None] | None = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polymq-fsync")
         self._failed: BaseException | None = None
+        self._failure: StorageError | None = None  # what callers get once failed
         self._closed = False
         self._dir_dirty = False
         self._unsynced: set[_Segment] = set()  # async durability: written, not fsynced
@@ -201,6 +202,23 @@ class CommitLog:
 
     # -- appending ----------------------------------------------------------------
 
+    # -- the hooks of a replicated log (storage.replicated.log), no-ops here --------
+
+    async def prepare(self) -> None:
+        """Before :meth:`open`: make the directory hold the log to recover (a
+        replicated log fetches its copy)."""
+
+    async def seal(self) -> None:
+        """After recovery, before the first append: claim the log for this writer."""
+
+    async def _replicate(self, start: int, frames: list[bytes]) -> None:
+        """Make the records written at ``start`` durable elsewhere too; a record is
+        reported durable only once this returned."""
+
+    async def checkpointed(self, directory: Path, names: list[str], position: int) -> None:
+        """A checkpoint at ``position`` was written: ``names`` (relative to
+        ``directory``) are its files."""
+
     def start_flushing(self) -> None:
         loop = asyncio.get_running_loop()
         self._flusher = loop.create_task(self._flush_loop(), name="polymq-commit-log-flusher")
@@ -210,8 +228,8 @@ class CommitLog:
     def reserve(self, payload: bytes, on_durable: Callable[[], None] | None = None) -> int:
         """Queue one record; return its position. ``on_durable`` runs (on the loop, in
         log order) once the record is durable, before any waiter is woken."""
-        if self._failed is not None:
-            raise StorageFailed(f"commit log stopped after a write error: {self._failed}")
+        if self._failure is not None:
+            raise self._failure
         if self._closed:
             raise StorageClosed("storage is closed")
         size = HEADER_SIZE + len(payload)
@@ -230,8 +248,8 @@ class CommitLog:
         target = self._reserved_end if end is None else end
         if self._durable_end >= target:
             return
-        if self._failed is not None:
-            raise StorageFailed(f"commit log stopped after a write error: {self._failed}")
+        if self._failure is not None:
+            raise self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((target, future))
         await future
@@ -247,8 +265,8 @@ class CommitLog:
             return
         if self._written_end >= target or self._durable_end >= target:
             return
-        if self._failed is not None:
-            raise StorageFailed(f"commit log stopped after a write error: {self._failed}")
+        if self._failure is not None:
+            raise self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._written_waiters.append((target, future))
         await future
@@ -266,7 +284,7 @@ class CommitLog:
             self._wakeup.clear()
             while self._pending:
                 batch, self._pending = self._pending, []
-                end = self._reserved_end
+                start, end = self._durable_end, self._reserved_end
                 new_dir_entry, self._dir_dirty = self._dir_dirty, False
                 # Waiters for the write alone are told between write and fsync.
                 written = (
@@ -281,6 +299,9 @@ class CommitLog:
                         )
                     else:
                         self._write(batch, False, new_dir_entry)
+                    await self._replicate(start, [frame for _, frame, _ in batch])
+                except asyncio.CancelledError:
+                    raise
                 except BaseException as exc:  # a disk error: stop, never acknowledge
                     log.critical("commit log write failed, refusing further writes: %r", exc)
                     self._fail(exc)
@@ -370,7 +391,13 @@ class CommitLog:
 
     def _fail(self, exc: BaseException) -> None:
         self._failed = exc
-        error = StorageFailed(f"commit log write failed: {exc!r}")
+        # A lost shard is retryable elsewhere; a disk error is not.
+        error: StorageError = (
+            exc
+            if isinstance(exc, StorageUnavailable)
+            else StorageFailed(f"commit log write failed: {exc!r}")
+        )
+        self._failure = error
         for _, future in (*self._waiters, *self._written_waiters):
             if not future.done():
                 future.set_exception(error)

@@ -9,6 +9,7 @@ way, and no part reaches into another part's state.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +29,27 @@ __all__ = ["EngineCore", "EnginePart"]
 class EngineCore:
     """The shared state of one engine, and the steps every part takes to change it."""
 
-    def __init__(self, config: EngineConfig, clock: Clock, tasks: TaskSet) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        clock: Clock,
+        tasks: TaskSet,
+        log: Callable[[Path], CommitLog] | None = None,
+    ) -> None:
         self.config = config
         self.clock = clock
         self.dir = Path(config.data_dir)
         self.index_dir = self.dir / "index"
-        self.log = CommitLog(
-            self.dir / "commitlog",
-            segment_bytes=config.segment_bytes,
-            durability=config.durability,
-            flush_interval_ms=config.flush_interval_ms,
+        log_dir = self.dir / "commitlog"
+        self.log = (
+            log(log_dir)
+            if log is not None
+            else CommitLog(
+                log_dir,
+                segment_bytes=config.segment_bytes,
+                durability=config.durability,
+                flush_interval_ms=config.flush_interval_ms,
+            )
         )
         self.state = EngineState(dedup_window_ms=config.dedup_window_ms, clock=clock)
         self.ids: MessageIds | None = None  # read from the data directory at start

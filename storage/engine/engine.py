@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from polymq.storage.api import (
@@ -36,6 +37,7 @@ from polymq.storage.api import (
 )
 from polymq.storage.clock import Clock, SystemClock
 from polymq.storage.engine.appends import Appends
+from polymq.storage.engine.commit_log import CommitLog
 from polymq.storage.engine.compaction import Compaction
 from polymq.storage.engine.config import EngineConfig
 from polymq.storage.engine.core import EngineCore
@@ -74,11 +76,19 @@ log = logging.getLogger(__name__)
 class Engine(Service):
     """The embedded engine. Use as ``async with Engine(config) as engine:``."""
 
-    def __init__(self, config: EngineConfig, *, clock: Clock | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        clock: Clock | None = None,
+        log: Callable[[Path], CommitLog] | None = None,
+    ) -> None:
+        """``log``: makes the commit log for its directory (default: local segment
+        files; ``storage.replicated`` passes a log kept in JetStream)."""
         super().__init__()
         self.config = config
         self.clock: Clock = clock or SystemClock()
-        self._core = core = EngineCore(config, self.clock, self.tasks)
+        self._core = core = EngineCore(config, self.clock, self.tasks, log)
         # The same objects as the core's, under the names tests look at.
         self._log = core.log
         self._state = core.state
@@ -100,7 +110,9 @@ class Engine(Service):
         core = self._core
         if core.started:
             return
+        await self._log.prepare()
         replayed = recover(core)
+        await self._log.seal()
         log.info(
             "storage: opened %s at log position %d (%d records replayed)",
             core.dir,

@@ -108,6 +108,9 @@ class Maintenance(EnginePart):
                 queue.file_base = base if queue.file_base is None else queue.file_base
             self._state.dead_topic_ids -= dead
             self._state.topics_file = (topics_version, state["topics_file"])
+            names = ["node_id", "checkpoint.json", state["topics_file"], state["cursors_file"]]
+            names += sorted(f"index/{path.name}" for path in core.index_dir.glob("*.idx"))
+            await self._log.checkpointed(core.dir, names, position)
             core.checkpoint_position = position
             return position
 
