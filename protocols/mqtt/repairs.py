@@ -20,7 +20,14 @@ from collections import deque
 from dataclasses import dataclass, field, replace
 
 from polymq.protocols.mqtt.core import BrokerCore
-from polymq.storage.errors import QueueNotFound, StorageError, TopicNotFound
+from polymq.storage.errors import (
+    QueueNotFound,
+    StorageClosed,
+    StorageError,
+    StorageFailed,
+    StorageUnavailable,
+    TopicNotFound,
+)
 from polymq.storage.model import AppendRequest, Message, QueueRef
 
 __all__ = ["MQTT_OWED", "Repairs", "owed_targets", "owing", "without_owed"]
@@ -97,7 +104,7 @@ class Repairs:
         """The lowest offset of ``source`` whose copies are not all made: a tail
         commits no further."""
         pending = self._by_source.get(source)
-        return next(iter(pending)) if pending else None
+        return min(pending) if pending else None  # read again after a restart: any order
 
     async def _copy(self, target: str) -> None:
         queue = QueueRef(self.core.namespace, target, 0)
@@ -113,10 +120,12 @@ class Repairs:
                     continue
                 log.info("mqtt: %d copies owed to %s dropped: it is gone", len(pending), target)
                 batch = list(pending)
-            except StorageError as e:  # its node is away: wait for it
+            except (StorageUnavailable, StorageFailed, StorageClosed) as e:  # node away
                 log.debug("mqtt: copies owed to %s wait: %s", target, e)
                 await asyncio.sleep(_RETRY_S)
                 continue
+            except StorageError as e:  # no retry would store them
+                log.warning("mqtt: %d copies owed to %s dropped: %s", len(batch), target, e)
             else:
                 self._wake(target)
             for owed in batch:
