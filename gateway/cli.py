@@ -143,18 +143,30 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=100,
         metavar="K",
-        help="gateway i listens on the default ports + i*K, node i on 10911 + i*10 [100]",
+        help="gateway i listens on the default ports + i*K, node i on 10911 + i*10; "
+        "0: every process on any free port ('cluster status --data-dir' finds them) [100]",
     )
     up.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
-    status = actions.add_parser("status", help="nodes, gateways, topic placement, health")
+    status = actions.add_parser(
+        "status", help="nodes, gateways, topic placement, health; processes and restarts"
+    )
     status.add_argument(
-        "--nameserver", default="127.0.0.1:9876", metavar="HOST:PORT", help="[127.0.0.1:9876]"
+        "--data-dir",
+        type=Path,
+        default=Path("cluster-data"),
+        metavar="DIR",
+        help="the --data-dir of a 'cluster up': its processes, restarts and addresses "
+        "[./cluster-data]",
+    )
+    status.add_argument(
+        "--nameserver",
+        metavar="HOST:PORT",
+        help="[from DIR's status file, else 127.0.0.1:9876]",
     )
     status.add_argument(
         "--navigation",
-        default="http://127.0.0.1:8090",
         metavar="URL",
-        help="[http://127.0.0.1:8090]",
+        help="[from DIR's status file, else http://127.0.0.1:8090]",
     )
 
     conformance = commands.add_parser(

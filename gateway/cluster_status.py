@@ -1,19 +1,24 @@
 """``polymq cluster status``: what a nameserver and the navigation service know, as
 tables an operator reads at a glance: storage nodes and their health, gateways and
-their endpoints, and which node holds each topic."""
+their endpoints, and which node holds each topic; and, for a ``cluster up`` on this
+machine, what its supervisor did (the status file it keeps in its data dir: each
+process's pid, state, restarts and last exit)."""
 
 from __future__ import annotations
 
+import json
+import os
 import sys
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from polymq.storage.routes import RouteTable
 
-__all__ = ["render", "show"]
+__all__ = ["read_supervisor", "render", "render_processes", "show"]
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str]:
@@ -68,10 +73,80 @@ def render(routes: RouteTable, gateways: Sequence[dict[str, Any]], now_ms: int) 
     return "\n".join(lines)
 
 
-async def show(nameserver: str, navigation: str) -> int:
-    """Print the report; 1 when the nameserver cannot be reached (navigation being
-    down is reported, not fatal)."""
+def read_supervisor(path: Path) -> dict[str, Any] | None:
+    """The status file of a ``cluster up``, or None when there is none (or it cannot
+    be read: the rest of the report does not need it)."""
+    try:
+        body = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return body if isinstance(body, dict) else None
+
+
+def _pid_alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process, but alive
+        return True
+    return True
+
+
+def _for(now_ms: int, since_ms: object) -> str:
+    return f"{max(0, now_ms - since_ms) / 1000:.1f} s" if isinstance(since_ms, int) else ""
+
+
+def _ago(now_ms: int, at_ms: object) -> str:
+    return f"{_for(now_ms, at_ms)} ago" if isinstance(at_ms, int) else ""
+
+
+def render_processes(
+    supervisor: dict[str, Any], now_ms: int, alive: Callable[[object], bool] = _pid_alive
+) -> list[str]:
+    """The supervisor's table; pure but for ``alive`` (is the supervisor running)."""
+    pid = supervisor.get("supervisor_pid")
+    if not supervisor.get("running"):
+        state = "stopped"
+    elif alive(pid):
+        state = "running"
+    else:
+        state = "NOT RUNNING, its last report"
+    lines = [f"processes (cluster up, supervisor pid {pid}: {state}):"]
+
+    def last_exit(child: dict[str, Any]) -> str:
+        exit_ = child.get("last_exit")
+        if not isinstance(exit_, dict):
+            return "-"
+        return f"{exit_.get('reason', '?')}, {_ago(now_ms, exit_.get('at_ms'))}"
+
+    lines += _table(
+        ("process", "pid", "state", "up for", "restarts", "last exit"),
+        (
+            (
+                c.get("name", "?"),
+                c.get("pid", "?"),
+                c.get("state", "?"),
+                _for(now_ms, c.get("started_ms")) if c.get("state") == "running" else "-",
+                c.get("restarts", 0),
+                last_exit(c),
+            )
+            for c in supervisor.get("children", ())
+            if isinstance(c, dict)
+        ),
+    )
+    return lines
+
+
+async def show(nameserver: str, navigation: str, supervisor: dict[str, Any] | None = None) -> int:
+    """Print the report (the supervisor's table first, when there is one); 1 when the
+    nameserver cannot be reached (navigation being down is reported, not fatal)."""
     import time
+
+    if supervisor is not None:
+        print("\n".join(render_processes(supervisor, int(time.time() * 1000))) + "\n")
 
     from polymq.nameserver.client import NameserverClient
     from polymq.storage.errors import StorageError

@@ -2,11 +2,20 @@
 processes on one machine, for trying it, and for the tests and the benchmark that
 kill and restart its parts.
 
-:class:`LocalCluster` is a small supervisor: it starts a nameserver, a navigation
-service, N storage nodes and M gateways (each a ``polymq`` subprocess with its own
-ports and data folder) in that order, waits for each to log ``ready``, learns the
-addresses each bound from its log (so every port may be 0, any free one), prefixes
-every child's log lines with its name, and stops them all, gateways first.
+:class:`LocalCluster` starts a nameserver, a navigation service, N storage nodes and
+M gateways (each a ``polymq`` subprocess with its own ports and data folder) in that
+order, waits for each to log ``ready``, learns the addresses each bound from its log
+(so every port may be 0, any free one), prefixes every child's log lines with its
+name, and stops them all, gateways first. It restarts nothing by itself: the tests
+that kill a child decide when it comes back.
+
+:class:`Supervisor` is what ``cluster up`` adds (opt-in, for a person trying the
+separated form): a child that dies is restarted on its ports, after a backoff that
+doubles from 0.5 s to 30 s and starts again from 0.5 s once the child stayed up
+30 s, while the others go on running. Each exit and restart is logged, and the
+supervisor keeps ``<data dir>/cluster-status.json`` (pids, restarts, last exits,
+addresses) up to date, which ``cluster status --data-dir`` reads: a file rather than
+an API, so it is there to read while the supervisor is busy or after it died.
 """
 
 from __future__ import annotations
@@ -14,16 +23,32 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import re
 import signal
 import sys
+import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from polymq.gateway.config import LISTENER_NAMES, GatewayConfig
 
-__all__ = ["LocalCluster", "ProcessSpec", "layout", "status", "up"]
+__all__ = [
+    "STATUS_FILE",
+    "Backoff",
+    "LocalCluster",
+    "ProcessSpec",
+    "Supervisor",
+    "describe_exit",
+    "layout",
+    "status",
+    "up",
+]
+
+STATUS_FILE = "cluster-status.json"  # in the data dir of ``cluster up``
 
 _READY_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 15.0
@@ -155,15 +180,25 @@ class _Child:
             if line.endswith(" ready") or " ready (" in line:
                 self.ready.set()
 
+    async def wait_exit(self) -> int:
+        """The exit status once the process is gone and its last log lines are read."""
+        assert self.process is not None
+        code = await self.process.wait()
+        if self._pump is not None:
+            await self._pump
+        return code
+
     async def wait_ready(self) -> None:
         assert self.process is not None
         ready = asyncio.create_task(self.ready.wait())
         died = asyncio.create_task(self.process.wait())
-        done, _ = await asyncio.wait(
-            {ready, died}, timeout=_READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
-        )
-        ready.cancel()
-        died.cancel()
+        try:
+            done, _ = await asyncio.wait(
+                {ready, died}, timeout=_READY_TIMEOUT_S, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            ready.cancel()
+            died.cancel()
         if ready not in done:
             tail = "\n".join(self.lines[-20:])
             raise RuntimeError(f"{self.spec.name} did not become ready:\n{tail}")
@@ -258,7 +293,158 @@ class LocalCluster:
                 task.cancel()
 
 
-async def _up(cluster: LocalCluster) -> int:
+def describe_exit(returncode: int) -> str:
+    """``exit code 1`` or ``killed by SIGKILL`` (asyncio reports a signal as minus
+    its number)."""
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """How long to wait before restarting a child: ``first`` doubling up to ``cap``
+    while it keeps dying, and ``first`` again once it had stayed up ``stable_s``
+    (a crash loop slows down; a rare crash is mended at once)."""
+
+    first_s: float = 0.5
+    cap_s: float = 30.0
+    stable_s: float = 30.0
+    _failures: int = 0
+
+    def next(self, uptime_s: float) -> float:
+        if uptime_s >= self.stable_s:
+            self._failures = 0
+        delay = min(self.cap_s, self.first_s * 2.0**self._failures)
+        self._failures = min(self._failures + 1, 16)  # 0.5 s * 2**16 is past any cap
+        return delay
+
+
+@dataclass(slots=True)
+class _Record:
+    """What the supervisor knows of one child, as the status file shows it."""
+
+    state: str = "running"  # "running", "restarting" or "stopped"
+    started_ms: int = 0
+    started_at: float = 0.0  # monotonic, for the uptime
+    restarts: int = 0
+    last_exit: dict[str, Any] | None = None
+    next_restart_ms: int | None = None
+    backoff: Backoff = field(default_factory=Backoff)
+
+
+def _wall_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Supervisor:
+    """Keeps every child of a started :class:`LocalCluster` running: :meth:`run`
+    (until cancelled) waits on each, and restarts the one that exits, alone, on the
+    ports it had, after its :class:`Backoff`. ``status_path``: where to keep the
+    status file (written whole, then renamed, so a reader never sees half of it)."""
+
+    def __init__(
+        self,
+        cluster: LocalCluster,
+        *,
+        status_path: Path | None = None,
+        log: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True),
+        backoff: Callable[[], Backoff] = Backoff,
+    ) -> None:
+        self.cluster = cluster
+        self.status_path = status_path
+        self._log = log
+        now_ms, now = _wall_ms(), time.monotonic()
+        self.records = {
+            name: _Record(started_ms=now_ms, started_at=now, backoff=backoff())
+            for name in cluster.children
+        }
+
+    async def run(self) -> None:
+        self.write_status()
+        async with asyncio.TaskGroup() as group:
+            for name in self.cluster.children:
+                group.create_task(self._keep(name), name=f"supervise {name}")
+
+    async def _keep(self, name: str) -> None:
+        child, record = self.cluster.children[name], self.records[name]
+        while True:
+            code = await child.wait_exit()
+            uptime_s = time.monotonic() - record.started_at
+            delay = record.backoff.next(uptime_s)
+            how = describe_exit(code)
+            record.state, record.next_restart_ms = "restarting", _wall_ms() + int(delay * 1000)
+            record.last_exit = {
+                "code": code,
+                "reason": how,
+                "at_ms": _wall_ms(),
+                "uptime_s": round(uptime_s, 3),
+            }
+            self._log(
+                f"polymq cluster: {name} exited ({how}) after {uptime_s:.1f} s; "
+                f"restarting it in {delay:g} s, the others keep running"
+            )
+            self.write_status()
+            await asyncio.sleep(delay)
+            record.restarts += 1
+            record.started_ms, record.started_at = _wall_ms(), time.monotonic()
+            try:
+                await self.cluster.start(name)
+            except RuntimeError as e:  # died or hung while starting: its exit is next
+                self._log(f"polymq cluster: restart {record.restarts} of {name} failed: {e}")
+                await child.stop(signal.SIGKILL)
+                continue
+            finally:
+                record.next_restart_ms = None
+            record.state = "running"
+            pid = child.process.pid if child.process else "?"
+            self._log(f"polymq cluster: {name} restarted (pid {pid}, restart {record.restarts})")
+            self.write_status()
+
+    def status(self, *, running: bool = True) -> dict[str, Any]:
+        children = []
+        for name, child in self.cluster.children.items():
+            record = self.records[name]
+            alive = child.process is not None and child.process.returncode is None
+            children.append(
+                {
+                    "name": name,
+                    "pid": child.process.pid if child.process is not None else None,
+                    "state": record.state if running else ("running" if alive else "stopped"),
+                    "started_ms": record.started_ms,
+                    "restarts": record.restarts,
+                    "last_exit": record.last_exit,
+                    "next_restart_ms": record.next_restart_ms,
+                    "addresses": {k: f"{h}:{p}" for k, (h, p) in child.addresses.items()},
+                }
+            )
+        body: dict[str, Any] = {
+            "supervisor_pid": os.getpid(),
+            "running": running,
+            "updated_ms": _wall_ms(),
+            "children": children,
+        }
+        with contextlib.suppress(KeyError):
+            body["nameserver"] = self.cluster.nameserver
+            body["navigation"] = self.cluster.navigation
+        return body
+
+    def write_status(self, *, running: bool = True) -> None:
+        if self.status_path is None:
+            return
+        temporary = self.status_path.with_name(self.status_path.name + ".tmp")
+        try:
+            self.status_path.parent.mkdir(parents=True, exist_ok=True)
+            temporary.write_text(json.dumps(self.status(running=running), indent=2) + "\n")
+            os.replace(temporary, self.status_path)
+        except OSError as e:  # the cluster matters more than its report
+            self._log(f"polymq cluster: could not write {self.status_path}: {e}")
+
+
+async def _up(cluster: LocalCluster, status_path: Path | None = None) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -275,16 +461,26 @@ async def _up(cluster: LocalCluster) -> int:
             for label, (host, port) in child.addresses.items():
                 if not (gateway and label == "main"):  # a library's own "listening on"
                     print(f"  {name:<12} {name if label == 'main' else label:<12} {host}:{port}")
-        print("'polymq cluster status' shows placement and health; Ctrl-C stops all.\n")
+        print(
+            "'polymq cluster status' shows placement, health and restarts; a process "
+            "that dies is restarted; Ctrl-C stops all.\n"
+        )
         sys.stdout.flush()
+        supervisor = Supervisor(
+            cluster, status_path=status_path, log=lambda line: print(line, flush=True)
+        )
+        supervising = asyncio.create_task(supervisor.run())
         stopping = asyncio.create_task(stop.wait())
-        exiting = asyncio.create_task(cluster.wait_any_exit())
-        done, _ = await asyncio.wait({stopping, exiting}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({stopping, supervising}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
-        exiting.cancel()
-        if stopping not in done:
-            print(f"polymq cluster: {', '.join(cluster.exited())} exited", file=sys.stderr)
-            return 1
+        supervising.cancel()  # first: nothing is restarted while we stop
+        try:
+            await supervising  # raises only for a bug of ours
+        except asyncio.CancelledError:
+            pass
+        finally:
+            await cluster.stop()
+            supervisor.write_status(running=False)
         return 0
     finally:
         await cluster.stop()
@@ -299,13 +495,20 @@ def up(args: argparse.Namespace) -> int:
         gateways=args.gateways,
         data_dir=args.data_dir,
         host=args.host,
-        port_offset=args.port_offset,
+        port_offset=args.port_offset or None,  # 0: every port any free one
         log_level=args.log_level,
     )
-    return asyncio.run(_up(LocalCluster(specs, echo=lambda line: print(line, flush=True))))
+    cluster = LocalCluster(specs, echo=lambda line: print(line, flush=True))
+    return asyncio.run(_up(cluster, args.data_dir / STATUS_FILE))
 
 
 def status(args: argparse.Namespace) -> int:
-    from polymq.gateway.cluster_status import show
+    """Addresses not given are taken from the status file of a ``cluster up`` over
+    ``--data-dir`` (which also gives the restarts), else the default ports."""
+    from polymq.gateway.cluster_status import read_supervisor, show
 
-    return asyncio.run(show(args.nameserver, args.navigation))
+    supervisor = read_supervisor(args.data_dir / STATUS_FILE)
+    known = supervisor or {}
+    nameserver = args.nameserver or known.get("nameserver") or "127.0.0.1:9876"
+    navigation = args.navigation or known.get("navigation") or "http://127.0.0.1:8090"
+    return asyncio.run(show(nameserver, navigation, supervisor))
