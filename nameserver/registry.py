@@ -101,7 +101,7 @@ def _check_heartbeat(hb: object, last: NodeHeartbeat | None) -> None:
         raise InvalidArgument(f"{who}: topics must be (namespace, topic) pairs of strings")
     if not isinstance(hb.homes, tuple) or not all(isinstance(h, str) for h in hb.homes):
         raise InvalidArgument(f"{who}: homes must be namespace names")
-    for name in ("load", "disk_free_bytes", "started_ms"):
+    for name in ("load", "disk_free_bytes", "started_ms", "epoch"):
         value = getattr(hb, name)
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise InvalidArgument(f"{who}: {name} must be a number, got {value!r}")
@@ -165,6 +165,8 @@ class Registry:
         one they hold to know whether to fetch routes)."""
         node = self._nodes.get(hb.node_id) if isinstance(hb, NodeHeartbeat) else None
         _check_heartbeat(hb, node.heartbeat if node is not None else None)
+        if node is not None and hb.epoch < node.heartbeat.epoch:
+            return self._version  # a deposed owner of the shard, not yet stopped
         self._end_warmup(now_ms)
         if node is None:
             node = self._nodes[hb.node_id] = _Node(hb, now_ms)

@@ -68,9 +68,11 @@ class StorageNode(Service):
         heartbeat_ms: int = 1000,
         *,
         advertised_host: str | None = None,
+        epoch: int = 0,
     ) -> None:
         super().__init__()
         self.engine = engine
+        self.epoch = epoch  # the replicated pool's lease epoch (routes.NodeHeartbeat)
         self._node_id = node_id
         self.nameservers = tuple(nameservers)
         self.heartbeat_ms = heartbeat_ms
@@ -189,6 +191,7 @@ class StorageNode(Service):
             load=len(topics) + self._request_rate() / 1000,
             disk_free_bytes=_disk_free(Path(self.engine.config.data_dir)),
             started_ms=self._started_ms,
+            epoch=self.epoch,
         )
 
     def _request_rate(self) -> float:

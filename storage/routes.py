@@ -24,7 +24,10 @@ class NodeHeartbeat:
     ``topics``: every topic the node holds (internal ones included), so routes are
     rebuilt from heartbeats alone. ``homes``: namespaces whose namespace-wide data
     (protocol metadata, keyed latest values, group configs) the node keeps.
-    ``load``: a unitless figure, higher is busier (placement picks the lowest)."""
+    ``load``: a unitless figure, higher is busier (placement picks the lowest).
+    ``epoch``: in the replicated pool, the lease epoch of the shard's owner (the node
+    id is the shard's): a heartbeat of a lower epoch than one already heard comes
+    from a deposed owner and is ignored. 0 for an unreplicated node."""
 
     node_id: str
     host: str
@@ -34,6 +37,7 @@ class NodeHeartbeat:
     load: float = 0.0
     disk_free_bytes: int = 0
     started_ms: int = 0
+    epoch: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -384,3 +384,17 @@ def test_malformed_heartbeats_from_the_network_are_refused(fields: dict[str, obj
     with pytest.raises(InvalidArgument):
         registry.heartbeat(hb, T0)
     assert registry.status().nodes == ()
+
+
+def test_a_shard_moved_to_a_new_owner_ignores_the_deposed_owners_beats() -> None:
+    """Replicated pool: the shard's node id reappears at its new owner with a higher
+    lease epoch; beats of the old owner, not yet stopped, must not take the route back."""
+    registry = Registry(node_expiry_ms=EXPIRY, started_ms=T0)
+    old = NodeHeartbeat(node_id="shard-1", host="127.0.0.1", port=10911, epoch=5)
+    new = NodeHeartbeat(node_id="shard-1", host="127.0.0.1", port=10921, epoch=9)
+    registry.heartbeat(old, T0)
+    registry.heartbeat(new, T0 + 1)
+    registry.heartbeat(old, T0 + 2)
+    table = registry.routes(0)
+    assert table is not None
+    assert [(n.node_id, n.port) for n in table.nodes] == [("shard-1", 10921)]
