@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import logging
 import os
 import random
@@ -64,10 +65,11 @@ class Protocol:
     workers: Callable[[Context], list[Worker]]
     setup: Callable[[Context], None] | None = None
     waits_for_subscriber: bool = False
+    audit: Callable[[Context], None] | None = None  # a re-read of all that is stored
 
 
 PROTOCOLS = {
-    "kafka": Protocol("kafka", chaos_kafka.workers, chaos_kafka.setup),
+    "kafka": Protocol("kafka", chaos_kafka.workers, chaos_kafka.setup, audit=chaos_kafka.audit),
     "amqp": Protocol("amqp", chaos_amqp.workers),
     "mqtt": Protocol("mqtt", chaos_mqtt.workers, waits_for_subscriber=True),
     "rocketmq": Protocol("rocketmq", chaos_rocketmq.workers, waits_for_subscriber=True),
@@ -157,9 +159,39 @@ class _Run:
             f"{name} {len(h.acked)}/{len(h.deliveries)}" for name, h in self.histories.items()
         )
 
+    def audit(self, seconds: float) -> None:
+        """After the consumers stopped: Kafka re-reads every partition; the others get
+        a fresh consumer (same queue, group or session) for what is still queued, if
+        anything acknowledged is missing, until it is found or ``seconds`` pass (long
+        enough for a dead gateway's leases to run out)."""
+        for protocol, context in self.contexts:
+            if protocol.audit is not None:
+                protocol.audit(context)
+            elif set(context.history.acked) - context.history.delivered_ids():
+                _fresh_consumers(protocol, context, seconds)
+
     def mark_stuck(self, workers: Sequence[Worker]) -> None:
         for worker in workers:
             worker.history.on_stuck(f"{worker.name} still in a client call at the end")
+
+
+def _fresh_consumers(protocol: Protocol, context: Context, seconds: float) -> None:
+    found = History(context.protocol)
+    stop = threading.Event()
+    fresh = dataclasses.replace(
+        context, history=found, stop_consuming=stop, subscribed=threading.Event()
+    )
+    missing = set(context.history.acked) - context.history.delivered_ids()
+    workers = [w for w in protocol.workers(fresh) if "-consumer" in w.name]
+    for worker in workers:
+        worker.start()
+    deadline = time.monotonic() + seconds
+    while not missing <= found.delivered_ids() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    stop.set()
+    for worker in join_all(workers, 20.0):
+        context.history.on_stuck(f"audit {worker.name} still in a client call at the end")
+    context.history.record_audit(found.snapshot()[1])
 
 
 async def _until(check: Callable[[], bool], seconds: float) -> bool:
@@ -205,6 +237,7 @@ async def _chaos(args: argparse.Namespace, cluster: LocalCluster) -> int:
     await _until(run.drained, args.drain_seconds)
     run.stop_consuming.set()
     run.mark_stuck(await asyncio.to_thread(join_all, run.consumers, 20.0))
+    await asyncio.to_thread(run.audit, args.audit_seconds)
     progress.cancel()
     figures: list[Figures] = [
         check(h, kills, begin=begin, end=end, origin=origin) for h in run.histories.values()
@@ -259,7 +292,7 @@ def _logging(path: Path | None) -> Callable[[str], None] | None:
     root.setLevel(logging.INFO)
     if path is None:
         return None
-    handler = logging.FileHandler(path)
+    handler = logging.FileHandler(path, mode="w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(threadName)s %(name)s %(message)s"))
     root.addHandler(handler)
     cluster_log = logging.getLogger("cluster")
@@ -305,6 +338,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--producers", type=int, default=1, help="per protocol [1]")
     parser.add_argument("--warmup-seconds", type=float, default=90.0)
     parser.add_argument("--drain-seconds", type=float, default=60.0)
+    parser.add_argument(
+        "--audit-seconds",
+        type=float,
+        default=40.0,
+        help="a fresh consumer's bounded look for what is still missing [40]",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, help="write the figures there")
     parser.add_argument("--histories", type=Path, help="every ack and delivery, JSON lines")

@@ -1,10 +1,14 @@
 """The chaos bench's verdict: a protocol's history (what producers were promised, what
 consumers got) against the kills, as figures.
 
-* **lost**: acknowledged, never delivered. The one figure that must be 0.
+* **lost**: acknowledged, never delivered, and (where a final re-read of everything
+  stored exists: Kafka) not stored either. The one figure that must be 0.
+* **undelivered**: acknowledged and stored (the re-read found it) but never delivered
+  to the consumer: a consumer that stalled, not data that is gone.
 * **stored duplicates**: one id at two storage positions (where the protocol shows
-  them: Kafka offsets, MNS message ids), i.e. the server kept two copies of one
-  acknowledged send, which an idempotent Kafka producer must never cause.
+  them: Kafka offsets, from deliveries and the re-read; MNS message ids), i.e. the
+  server kept two copies of one acknowledged send, which an idempotent Kafka
+  producer must never cause.
 * **redeliveries**: deliveries beyond one per stored copy (allowed by every protocol
   here after a failure: at-least-once).
 * **reordered**: first deliveries of a producer's messages in one ordered place (a
@@ -37,6 +41,8 @@ class Figures:
     deliveries: int
     lost: int
     lost_sample: tuple[str, ...]
+    undelivered: int  # acknowledged, stored, never delivered (only with a re-read)
+    audited: int | None  # messages the final re-read found stored, if there was one
     unconfirmed_delivered: int  # delivered but never acknowledged: allowed
     redeliveries: int
     stored_duplicates: int | None  # None: the protocol does not show storage positions
@@ -98,13 +104,17 @@ def check(
     """``begin``/``end``: the window the outage is measured in; ``origin``: the time
     the run began (the table's times are counted from it)."""
     acked, deliveries = history.snapshot()
+    audit = history.audit
     delivered = {(d.producer, d.seq) for d in deliveries}
-    lost = sorted(set(acked) - delivered)
-    copies = _stored_copies(deliveries)
-    exposed = any(d.stored_at is not None for d in deliveries)
+    stored = {(d.producer, d.seq) for d in audit or ()}
+    never_delivered = set(acked) - delivered
+    lost = sorted(never_delivered - stored)
+    copies = _stored_copies([*deliveries, *(audit or ())])
+    exposed = any(d.stored_at is not None for d in [*deliveries, *(audit or ())])
     stored_duplicates = sum(len(c) - 1 for c in copies.values()) if exposed else None
     # One delivery per stored copy is expected; where positions are not shown, one per id.
-    expected = sum(max(len(copies.get(i, ())), 1) for i in delivered)
+    delivered_copies = _stored_copies(deliveries)
+    expected = sum(max(len(delivered_copies.get(i, ())), 1) for i in delivered)
     gap, gap_from, after = _outage(list(acked.values()), begin, end, kills)
     return Figures(
         protocol=history.protocol,
@@ -114,6 +124,8 @@ def check(
         deliveries=len(deliveries),
         lost=len(lost),
         lost_sample=tuple(f"{p}/{s}" for p, s in lost[:10]),
+        undelivered=len(never_delivered) - len(lost),
+        audited=None if audit is None else len(audit),
         unconfirmed_delivered=len(delivered - set(acked)),
         redeliveries=len(deliveries) - expected,
         stored_duplicates=stored_duplicates,

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from bench.chaos_history import History
 
-__all__ = ["Context", "Pacer", "Worker", "backoff", "join_all"]
+__all__ = ["Context", "Pacer", "Worker", "backoff", "describe", "join_all"]
 
 Address = tuple[str, int]
 log = logging.getLogger("bench.chaos")
@@ -97,10 +97,22 @@ class Worker(threading.Thread):
     def work(self) -> None:
         raise NotImplementedError
 
-    def error(self, e: BaseException | str) -> None:
-        kind = e if isinstance(e, str) else f"{type(e).__name__}: {str(e)[:80]}"
+    def error(self, e: BaseException | str, what: str = "") -> None:
+        kind = e if isinstance(e, str) else describe(e)
+        kind = f"{what} {kind}" if what else kind
         self.history.on_error(kind)
         log.info("%s: %s", self.name, kind)
+
+
+def describe(e: BaseException) -> str:
+    """One line, short enough to count alike errors together (a gRPC error's code
+    and details, not its multi-line repr)."""
+    code = getattr(e, "code", None)
+    if callable(code) and callable(details := getattr(e, "details", None)):
+        text = f"{code()} {details()}"
+    else:
+        text = str(e)
+    return f"{type(e).__name__}: {' '.join(text.split())[:80]}"
 
 
 def join_all(workers: Sequence[Worker], timeout: float) -> list[Worker]:

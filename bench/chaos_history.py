@@ -13,7 +13,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
-__all__ = ["Delivery", "History", "body", "parse_body"]
+__all__ = ["Delivery", "History", "body", "delivery", "parse_body"]
 
 _MAGIC = "chaos"
 
@@ -51,6 +51,20 @@ class Delivery:
     redelivered: bool = False
 
 
+def delivery(
+    raw: bytes | str | None,
+    *,
+    queue: str | None,
+    stored_at: str | None = None,
+    redelivered: bool = False,
+) -> Delivery | None:
+    """A message read now, or ``None`` if the bench did not send it."""
+    parsed = parse_body(raw)
+    if parsed is None:
+        return None
+    return Delivery(parsed[0], parsed[1], queue, stored_at, time.monotonic(), redelivered)
+
+
 @dataclass(slots=True)
 class History:
     """One protocol's record. Every method takes the lock: several client threads
@@ -64,6 +78,9 @@ class History:
     errors: Counter[str] = field(default_factory=Counter)
     reconnects: Counter[str] = field(default_factory=Counter)  # by "producer"/"consumer"
     stuck: list[str] = field(default_factory=list)
+    # What a reader that starts over found stored at the end (Kafka: every partition
+    # from offset 0), where the protocol allows one; ``None`` where it does not.
+    audit: list[Delivery] | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def on_sent(self) -> None:
@@ -82,14 +99,16 @@ class History:
         stored_at: str | None = None,
         redelivered: bool = False,
     ) -> None:
-        parsed = parse_body(raw)
+        found = delivery(raw, queue=queue, stored_at=stored_at, redelivered=redelivered)
         with self._lock:
-            if parsed is None:
+            if found is None:
                 self.foreign += 1
-                return
-            self.deliveries.append(
-                Delivery(parsed[0], parsed[1], queue, stored_at, time.monotonic(), redelivered)
-            )
+            else:
+                self.deliveries.append(found)
+
+    def record_audit(self, found: list[Delivery]) -> None:
+        with self._lock:
+            self.audit = found
 
     def on_error(self, kind: str) -> None:
         with self._lock:

@@ -17,7 +17,7 @@ from bench.chaos_killer import Kill, kill_downtime
 __all__ = ["HEADER", "print_report", "write_histories", "write_json"]
 
 HEADER = (
-    "protocol   acked  delivered   lost  redeliv  stored-dup  reordered"
+    "protocol   acked  delivered   lost  undeliv  redeliv  stored-dup  reordered"
     "  outage s  after kill        errors  reconn"
 )
 
@@ -29,7 +29,8 @@ def _opt(value: int | None) -> str:
 def _row(f: Figures) -> str:
     return (
         f"{f.protocol:<9} {f.acknowledged:>6} {f.delivered:>10} {f.lost:>6} "
-        f"{f.redeliveries:>8} {_opt(f.stored_duplicates):>11} {_opt(f.reordered):>10} "
+        f"{f.undelivered:>8} {f.redeliveries:>8} "
+        f"{_opt(f.stored_duplicates):>11} {_opt(f.reordered):>10} "
         f"{f.longest_outage_s:>9.2f}  {f.outage_after_kill:<16} {f.errors:>6} {f.reconnects:>7}"
     )
 
@@ -55,6 +56,8 @@ def print_report(figures: Sequence[Figures], kills: Sequence[Kill], seconds: flo
         notes = []
         if f.lost:
             notes.append(f"LOST {f.lost}: {', '.join(f.lost_sample)}")
+        if f.undelivered:
+            notes.append(f"{f.undelivered} acknowledged, stored, never delivered to the consumer")
         if f.unconfirmed_delivered:
             notes.append(f"{f.unconfirmed_delivered} delivered that were never acknowledged")
         if f.stuck:

@@ -61,7 +61,7 @@ class RocketProducer(Worker):
             try:
                 producer.startup()
             except Exception as e:  # the client raises bare Exception on a failed start
-                self.error(f"startup {type(e).__name__}: {str(e)[:60]}")
+                self.error(e, "startup")
                 _shutdown(producer)
                 attempt += 1
                 self.history.on_reconnect("producer")
@@ -78,7 +78,7 @@ class RocketProducer(Worker):
                     self.history.on_acked(self.name, seq)
                     failing_since = None
                 except Exception as e:
-                    self.error(f"send {type(e).__name__}: {str(e)[:60]}")
+                    self.error(e, "send")
                     failing_since = failing_since or time.monotonic()
                     if time.monotonic() - failing_since > _RESTART_AFTER_S:
                         break
@@ -107,7 +107,7 @@ class RocketConsumer(Worker):
             try:
                 consumer.startup()
             except Exception as e:
-                self.error(f"startup {type(e).__name__}: {str(e)[:60]}")
+                self.error(e, "startup")
                 _shutdown(consumer)
                 attempt += 1
                 self.history.on_reconnect("consumer")
@@ -127,7 +127,7 @@ class RocketConsumer(Worker):
                 self.context.subscribed.set()
                 failing_since = None
             except Exception as e:
-                self.error(f"receive {type(e).__name__}: {str(e)[:60]}")
+                self.error(e, "receive")
                 failing_since = failing_since or time.monotonic()
                 if time.monotonic() - failing_since > _RESTART_AFTER_S:
                     return
@@ -139,7 +139,7 @@ class RocketConsumer(Worker):
                 try:
                     consumer.ack(message)
                 except Exception as e:  # comes back after its invisibility: a redelivery
-                    self.error(f"ack {type(e).__name__}: {str(e)[:60]}")
+                    self.error(e, "ack")
 
 
 def workers(context: Context) -> list[Worker]:
