@@ -142,10 +142,12 @@ class _Child:
         spec: ProcessSpec,
         echo: Callable[[str], None] | None,
         env: Mapping[str, str] | None,
+        keep_lines: int | None = None,
     ) -> None:
         self.spec = spec
         self.echo = echo
         self.env = env
+        self.keep_lines = keep_lines
         self.process: asyncio.subprocess.Process | None = None
         self.addresses: dict[str, tuple[str, int]] = {}  # "main" or a listener's name
         self.ready = asyncio.Event()
@@ -171,6 +173,8 @@ class _Child:
         async for raw in process.stdout:
             line = raw.decode(errors="replace").rstrip()
             self.lines.append(line)
+            if self.keep_lines is not None and len(self.lines) > 2 * self.keep_lines:
+                del self.lines[: -self.keep_lines]
             if self.echo is not None:
                 self.echo(f"[{self.spec.name}] {line}")
             if match := _LISTENING.search(line):
@@ -231,9 +235,12 @@ class LocalCluster:
         *,
         echo: Callable[[str], None] | None = None,
         env: Mapping[str, str] | None = None,
+        keep_lines: int | None = None,
     ) -> None:
-        """``env``: the children's whole environment (default: this process's)."""
-        self.children = {spec.name: _Child(spec, echo, env) for spec in specs}
+        """``env``: the children's whole environment (default: this process's).
+        ``keep_lines``: how many of each child's last log lines to keep (default
+        all, for tests that read them; a long ``cluster up`` must not grow)."""
+        self.children = {spec.name: _Child(spec, echo, env, keep_lines) for spec in specs}
 
     def address(self, name: str, listener: str = "main") -> tuple[str, int]:
         return self.children[name].addresses[listener]
@@ -498,7 +505,7 @@ def up(args: argparse.Namespace) -> int:
         port_offset=args.port_offset or None,  # 0: every port any free one
         log_level=args.log_level,
     )
-    cluster = LocalCluster(specs, echo=lambda line: print(line, flush=True))
+    cluster = LocalCluster(specs, echo=lambda line: print(line, flush=True), keep_lines=1000)
     return asyncio.run(_up(cluster, args.data_dir / STATUS_FILE))
 
 

@@ -63,8 +63,8 @@ class NavigationDirectory(Service):
         # Slower than an interval is as bad as no answer: the next beat is due.
         self._timeout_s = min(5.0, max(0.5, 2 * self._interval_s))
         # A refusal is immediate; a peer slower than this to accept is left to the
-        # expiry, and the refresh is not held up by it.
-        self._probe_timeout_s = min(0.5, self._timeout_s) if probe_peers else None
+        # expiry, and the next heartbeat is held up by at most about an interval.
+        self._probe_timeout_s = min(0.5, max(0.1, self._interval_s)) if probe_peers else None
         self._lists: dict[str, tuple[GatewayEndpoint, ...]] = {}
         self._refused: frozenset[str] = frozenset()  # peers whose listener refused
         self._reachable = False
