@@ -324,6 +324,8 @@ class Channel:
             await vhost.consumer_removed(self.conn.caller, consumer, consumer.queue)
 
     async def _requeue(self, deliveries: Sequence[Delivery]) -> None:
+        """Give deliveries back to their queues: ready at once, where they were, to be
+        redelivered (counted as ready by :class:`~protocols.amqp.requeued.Requeued`)."""
         processor, caller = self.conn.processor, self.conn.caller
         for delivery in deliveries:
             if delivery.stored.receipt is None:
@@ -331,6 +333,7 @@ class Channel:
             # The queue may be gone, or the message taken back already.
             with contextlib.suppress(StorageError):
                 await processor.nack(caller, delivery.queue.group, delivery.stored.receipt)
+                self.conn.vhost.requeued.given_back(delivery.stored)
 
     # -- channel class ---------------------------------------------------------------
 
@@ -485,6 +488,18 @@ class Channel:
         """Pop highest priority first. ``durable=False`` for no-ack deliveries (acked
         right after they are sent): they need not wait for their hand-out's fsync.
         Cancelling is safe: storage gives back what a cancelled pop took, uncounted."""
+        popped = await self._pop_levels(group, refs, max_messages, wait_ms, durable)
+        self.conn.vhost.requeued.taken(popped)
+        return popped
+
+    async def _pop_levels(
+        self,
+        group: str,
+        refs: Sequence[QueueRef],
+        max_messages: int,
+        wait_ms: int,
+        durable: bool,
+    ) -> list[StoredMessage]:
         processor, caller = self.conn.processor, self.conn.caller
         if len(refs) > 1:
             got: list[StoredMessage] = []
@@ -524,6 +539,7 @@ class Channel:
                 if stored.receipt is not None:
                     with contextlib.suppress(StorageError):
                         await processor.nack(caller, group, stored.receipt)
+                        self.conn.vhost.requeued.given_back(stored)
 
         if popped:
             self.conn.spawn(nack_all())

@@ -16,6 +16,7 @@ from typing import Any, Final, Protocol
 
 from polymq.gateway.processor import Processor
 from polymq.protocols.amqp.queues import QueueDef
+from polymq.protocols.amqp.requeued import Requeued
 from polymq.protocols.amqp.routing import DEFAULT_EXCHANGES, Binding, Exchange, route
 from polymq.storage.model import GroupConfig
 
@@ -58,6 +59,9 @@ class VhostView(Protocol):
 
     @property
     def queues(self) -> Mapping[str, QueueDef]: ...
+
+    @property
+    def requeued(self) -> Requeued: ...
 
     def route(
         self, exchange: Exchange, routing_key: str, headers: Mapping[str, Any] | None

@@ -90,12 +90,14 @@ async def _sweep_head(
     popped = await processor.pop(
         caller, queue.group, [ref], max_messages=ready_expired, invisible_ms=_HOLD_MS
     )
+    vhost.requeued.taken(popped)
     for stored in popped:
         if stored.offset < limit:
             await dead_letter(processor, caller, vhost, queue, stored, "expired")
         else:  # the peek's expired ones were taken meanwhile (unacked deliveries)
             with contextlib.suppress(StorageError):
                 await processor.nack(caller, queue.group, stored.receipt or "")
+                vhost.requeued.given_back(stored)
     return due
 
 

@@ -285,6 +285,7 @@ class Publisher:
             popped = await self._conn.processor.pop(
                 caller, queue.group, [ref], max_messages=excess, invisible_ms=INVISIBLE_MS
             )
+            vhost.requeued.taken(popped)
             for stored in popped:
                 await dead_letter(self._conn.processor, caller, vhost, queue, stored, "maxlen")
             excess -= len(popped)

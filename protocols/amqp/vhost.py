@@ -47,6 +47,7 @@ from polymq.protocols.amqp.queues import (
     json_safe,
 )
 from polymq.protocols.amqp.reply_to import ReplyRouter
+from polymq.protocols.amqp.requeued import Requeued
 from polymq.protocols.amqp.routing import EXCHANGE_TYPES, Binding, Exchange
 from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
 from polymq.storage.model import UNLIMITED, TopicConfig
@@ -86,6 +87,8 @@ class VirtualHost:
         self.queues: dict[str, QueueDef] = self.definitions.queues
         self._lock = asyncio.Lock()
         self._chores = Chores(self)
+        # Requeued messages: ready, though storage counts them in flight.
+        self.requeued = Requeued()
         # Direct reply-to (amq.rabbitmq.reply-to): the consuming channels' sinks.
         self.replies = ReplyRouter(processor, namespace, self.membership.gateway_id)
 
@@ -509,6 +512,7 @@ class VirtualHost:
         del self.queues[queue.name]
         self.definitions.routes_changed()
         self._chores.queue_forgotten(queue)
+        self.requeued.forget(queue.refs(self.namespace))
         for consumer in list(queue.consumers):
             consumer.queue_deleted()
         queue.consumers.clear()
@@ -523,14 +527,18 @@ class VirtualHost:
         await self._processor.meta_delete(caller, QUEUE, queue.name)
 
     async def message_count(self, caller: Caller, queue: QueueDef) -> int:
-        """Ready messages (not counting those delivered and unacked), as RabbitMQ."""
+        """Ready messages (not counting those delivered and unacked, but counting
+        those requeued), as RabbitMQ."""
         if queue.view_topic is not None:
             await self.resolve_view(caller, queue)
-        total = 0
+        p, group, total = self._processor, queue.group, 0
         for ref in queue.refs(self.namespace):
             try:
-                pending = await self._processor.pending_count(caller, queue.group, ref)
-                inflight = await self._processor.inflight_count(caller, queue.group, ref)
+                pending = await p.pending_count(caller, group, ref)
+                inflight = await p.inflight_count(caller, group, ref)
+                if self.requeued.waiting(ref):
+                    consumed = await p.consumed_below(caller, group, ref)
+                    inflight -= self.requeued.ready(ref, consumed, inflight)
             except TopicNotFound:
                 return 0
             total += max(0, pending - inflight)
@@ -549,6 +557,7 @@ class VirtualHost:
             )
             if not popped:
                 return purged
+            self.requeued.taken(popped)
             await self._processor.ack_many(caller, queue.group, [m.receipt or "" for m in popped])
             purged += len(popped)
 
