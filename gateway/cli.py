@@ -85,6 +85,18 @@ def build_parser() -> argparse.ArgumentParser:
     storage.add_argument("--port", type=int, metavar="PORT", help="node port [10911]")
     storage.add_argument("--node-id", metavar="ID", help="name in routes [the engine's own id]")
     _nameserver_flag(storage)
+    storage.add_argument(
+        "--nats",
+        metavar="HOST:PORT[,...]",
+        help="NATS servers of the replicated pool (docs/replication.md) [none: unreplicated]",
+    )
+    storage.add_argument(
+        "--replicas", type=int, choices=(1, 3, 5), help="copies of each shard's stream [3]"
+    )
+    storage.add_argument("--shards", type=int, metavar="N", help="shards in the pool [0]")
+    storage.add_argument(
+        "--prefer", metavar="SHARD[,...]", help="shards this node takes first and gets back"
+    )
 
     nameserver = _server_command(
         commands,
@@ -252,6 +264,10 @@ _FLAG_KEYS: Mapping[str, str] = {
     "gateway_id": "cluster.gateway_id",
     "advertised_host": "cluster.advertised_host",
     "node_id": "node.node_id",
+    "nats": "replication.nats",
+    "replicas": "replication.replicas",
+    "shards": "replication.shards",
+    "prefer": "replication.prefer",
     **{f"{name}_port": f"listeners.{name}.port" for name in LISTENER_NAMES},
 }
 

@@ -22,6 +22,7 @@ from polymq.nameserver.config import NameserverConfig
 from polymq.navigation.config import NavigationConfig
 from polymq.storage.model import DEFAULT_NAMESPACE
 from polymq.storage.node_config import NodeConfig
+from polymq.storage.replicated.config import ReplicationConfig
 
 if TYPE_CHECKING:
     from polymq.storage.engine.config import EngineConfig
@@ -47,6 +48,7 @@ __all__ = [
     "NameserverConfig",
     "NavigationConfig",
     "NodeConfig",
+    "ReplicationConfig",
     "RocketMQConfig",
     "ServerConfig",
     "StorageConfig",
@@ -254,6 +256,7 @@ class GatewayConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
+    replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     nameserver: NameserverConfig = field(default_factory=NameserverConfig)
     navigation: NavigationConfig = field(default_factory=NavigationConfig)
 

@@ -9,17 +9,28 @@ the gateway's configuration.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from pathlib import Path
 
 from polymq.gateway.config import GatewayConfig, engine_config
 from polymq.nameserver.server import Nameserver
 from polymq.navigation.server import NavigationServer
 from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
 from polymq.storage import batch_formats
-from polymq.storage.engine import Engine
+from polymq.storage.engine import Engine, EngineConfig
 from polymq.storage.node import StorageNode
+from polymq.storage.replicated.config import ReplicationConfig
+from polymq.storage.replicated.host import ShardHost
+from polymq.storage.replicated.pool import NatsPool
 
-__all__ = ["register_batch_formats", "serve_nameserver", "serve_navigation", "serve_node"]
+__all__ = [
+    "register_batch_formats",
+    "serve_nameserver",
+    "serve_navigation",
+    "serve_node",
+    "shard_names",
+]
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +45,12 @@ def register_batch_formats() -> None:
 
 async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
     """Run a storage node from the gateway's config until ``stop`` is set
-    (``polymq storage``)."""
+    (``polymq storage``): the shards it holds leases of in the replicated pool, or
+    one engine over its own disk."""
     register_batch_formats()
+    if config.replication.enabled:
+        await _serve_shards(config, stop)
+        return
     engine = Engine(engine_config(config))
     node = StorageNode(
         engine,
@@ -62,6 +77,58 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
         await stop.wait()
     finally:
         await node.close()
+
+
+def shard_names(replication: ReplicationConfig) -> list[str]:
+    """``shard-1`` … ``shard-N``, and any other name a node prefers."""
+    names = [f"shard-{i}" for i in range(1, replication.shards + 1)]
+    return names + [shard for shard in replication.prefer if shard not in names]
+
+
+async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
+    replication = config.replication
+    name = config.node.node_id or f"{config.server.host}:{config.node.port}"
+    base = engine_config(config)
+
+    def shard_config(shard: str) -> EngineConfig:
+        return dataclasses.replace(base, data_dir=Path(base.data_dir) / shard)
+
+    def shard_node(engine: Engine, shard: str, epoch: int) -> StorageNode:
+        return StorageNode(
+            engine,
+            shard,
+            host=config.server.host,
+            port=0,  # each shard its own port: the route says which
+            nameservers=config.cluster.nameservers,
+            heartbeat_ms=config.cluster.heartbeat_ms,
+            advertised_host=config.cluster.advertised_host or None,
+            epoch=epoch,
+        )
+
+    host = ShardHost(
+        NatsPool(replication, owner=name),
+        shards=shard_names(replication),
+        prefer=replication.prefer,
+        engine_config=shard_config,
+        node=shard_node,
+    )
+    await host.start()
+    try:
+        nats = ", ".join(replication.nats)
+        log.info("storage node: %s, replicated pool over NATS %s", name, nats)
+        log.info(
+            "storage node: %d replicas, lease %d ms", replication.replicas, replication.lease_ms
+        )
+        log.info("storage node: serving shards %s", ", ".join(sorted(host.served)) or "none yet")
+        # cluster_tool learns a storage process's address from this line: the port
+        # of its first shard (the shard's own route is in the nameserver).
+        served = sorted(host.served.values(), key=lambda s: s.node.node_id)
+        if served:
+            log.info("storage node: listening on %s:%d", *served[0].node.address)
+        log.info("storage node: ready")
+        await stop.wait()
+    finally:
+        await host.close()
 
 
 async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:

@@ -4,6 +4,12 @@ The engine's checkpoint is a few files in its data directory (the snapshot, the 
 it names, the queue indexes). The owner sends them as one tar object after each
 checkpoint, before the stream may be purged below it; a node taking the shard over
 unpacks it and replays the stream from the checkpoint's position, as a restart would.
+
+Objects are named by shard and owner epoch, and a reader takes the highest epoch's:
+an object store has no compare-and-set, so a deposed owner that has not noticed yet
+could still send one, but only under its own, lower epoch. Its checkpoint is then
+consistent (taken at records the stream has) and simply older than the new owner's
+first one, which supersedes it; older epochs' objects are deleted after that.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ class CheckpointStore:
         return self._store
 
     async def put(
-        self, shard: str, directory: Path, names: list[str], meta: dict[str, int]
+        self, shard: str, epoch: int, directory: Path, names: list[str], meta: dict[str, int]
     ) -> None:
         """Send the files ``names`` of ``directory`` with ``meta`` (position, seq)."""
         buffer = io.BytesIO()
@@ -53,14 +59,31 @@ class CheckpointStore:
                 if path.exists():
                     tar.add(path, arcname=name, recursive=False)
         store = await self._bucket()
-        await store.put(shard, buffer.getvalue())
+        name = _name(shard, epoch)
+        await store.put(name, buffer.getvalue())
+        for older in await self._names(shard):
+            if older < name:
+                with contextlib.suppress(NotFoundError):
+                    await store.delete(older)
+
+    async def _names(self, shard: str) -> list[str]:
+        store = await self._bucket()
+        try:
+            infos = await store.list(ignore_deletes=True)
+        except NotFoundError:  # an empty store
+            return []
+        prefix = shard + "."
+        return sorted(i.name for i in infos if i.name.startswith(prefix) and not i.deleted)
 
     async def get(self, shard: str, directory: Path) -> dict[str, int] | None:
         """Unpack the latest checkpoint of ``shard`` into ``directory``; its meta, or
         ``None`` if the shard never took one."""
+        names = await self._names(shard)
+        if not names:
+            return None
         store = await self._bucket()
         try:
-            result = await store.get(shard)
+            result = await store.get(names[-1])
         except NotFoundError:
             return None
         data = result.data
@@ -78,8 +101,13 @@ class CheckpointStore:
 
     async def delete(self, shard: str) -> None:
         store = await self._bucket()
-        with contextlib.suppress(NotFoundError):
-            await store.delete(shard)
+        for name in await self._names(shard):
+            with contextlib.suppress(NotFoundError):
+                await store.delete(name)
+
+
+def _name(shard: str, epoch: int) -> str:
+    return f"{shard}.{epoch:015d}"
 
 
 def _add_bytes(tar: tarfile.TarFile, name: str, data: bytes) -> None:

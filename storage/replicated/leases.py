@@ -23,7 +23,12 @@ from dataclasses import dataclass
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NoKeysError,
+)
 from nats.js.kv import KeyValue
 
 __all__ = ["Lease", "LeaseStore"]
@@ -118,13 +123,24 @@ class LeaseStore:
         owner = json.loads(entry.value).get("owner")
         return owner if isinstance(owner, str) else None
 
-    async def announce(self, node: str) -> None:
-        """Say that ``node`` is alive (expires with the ttl)."""
-        await self.nodes.put(node, b"1")
+    async def announce(self, node: str, prefer: list[str]) -> None:
+        """Say that ``node`` is alive and which shards it prefers (expires with the
+        ttl)."""
+        await self.nodes.put(node, json.dumps({"prefer": prefer}).encode())
 
-    async def alive(self, node: str) -> bool:
+    async def preferences(self) -> dict[str, list[str]]:
+        """The live nodes and the shards each prefers."""
         try:
-            entry = await self.nodes.get(node)
-        except KeyNotFoundError:
-            return False
-        return bool(entry.value)
+            keys = await self.nodes.keys()
+        except NoKeysError:
+            return {}
+        found = {}
+        for key in keys:
+            try:
+                entry = await self.nodes.get(key)
+            except KeyNotFoundError:
+                continue
+            if entry.value:
+                prefer = json.loads(entry.value).get("prefer", [])
+                found[key] = [str(shard) for shard in prefer]
+        return found

@@ -19,7 +19,8 @@ import asyncio
 import hashlib
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from polymq.storage.engine.commit_log import CommitLog
@@ -28,7 +29,7 @@ from polymq.storage.errors import ShardMoved
 from polymq.storage.replicated.checkpoints import CheckpointStore
 from polymq.storage.replicated.stream import ShardStream
 
-__all__ = ["ReplicatedLog"]
+__all__ = ["Claim", "ReplicatedLog"]
 
 log = logging.getLogger(__name__)
 _NAME_DIGITS = 20
@@ -38,17 +39,28 @@ _NAME_DIGITS = 20
 _PURGE_STEP_BYTES = 1 << 20
 
 
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What a writer holds once it owns the shard: its stream, where checkpoints go,
+    and the epoch of its lease."""
+
+    stream: ShardStream
+    checkpoints: CheckpointStore
+    epoch: int
+
+
 class ReplicatedLog(CommitLog):
+    """``claim`` is awaited first thing at start (:meth:`prepare`): it returns once
+    this process owns the shard (a standby waits there)."""
+
     def __init__(
         self,
         directory: Path,
         *,
-        stream: ShardStream,
-        checkpoints: CheckpointStore,
-        epoch: int,
+        claim: Callable[[], Awaitable[Claim]],
         segment_bytes: int,
         flush_interval_ms: int,
-        on_lost: Callable[[BaseException], None] | None = None,
+        on_close: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         # Local writes need no fsync: the stream is the durable copy.
         super().__init__(
@@ -57,28 +69,49 @@ class ReplicatedLog(CommitLog):
             durability=Durability.ASYNC,
             flush_interval_ms=flush_interval_ms,
         )
-        self.stream = stream
-        self.checkpoints = checkpoints
-        self.epoch = epoch
-        self._on_lost = on_lost
+        self._claim = claim
+        self._on_close = on_close
+        self._held: Claim | None = None
         # (position, seq) of each message that starts at a record: where a purge may cut
         self._starts: list[tuple[int, int]] = []
         self._purges: set[asyncio.Task[None]] = set()
         self._purge_step = min(_PURGE_STEP_BYTES, max(1, segment_bytes // 4))
 
     @property
+    def claimed(self) -> Claim:
+        if self._held is None:
+            raise RuntimeError("the replicated log is not started")
+        return self._held
+
+    @property
+    def stream(self) -> ShardStream:
+        return self.claimed.stream
+
+    @property
+    def epoch(self) -> int:
+        return self.claimed.epoch
+
+    @property
     def shard(self) -> str:
         return self.stream.shard
+
+    def lose(self, reason: BaseException) -> None:
+        """The lease is gone (its keeper noticed): refuse every further write."""
+        if self._failure is None:
+            log.error("shard %s: %s; no longer writing it", self.shard, reason)
+            self._fail(reason if isinstance(reason, ShardMoved) else ShardMoved(str(reason)))
 
     # -- taking the shard ---------------------------------------------------------
 
     async def prepare(self) -> None:
-        """Rebuild the data directory (the parent of the log's) from the stream."""
+        """Own the shard, then rebuild the data directory (the log's parent) from
+        the replicated checkpoint and the stream."""
+        self._held = await self._claim()
         data_dir = self._dir.parent
         if data_dir.exists():
             shutil.rmtree(data_dir)
         data_dir.mkdir(parents=True)
-        meta = await self.checkpoints.get(self.shard, data_dir)
+        meta = await self.claimed.checkpoints.get(self.shard, data_dir)
         if meta is None:
             (data_dir / "node_id").write_text(_node_id(self.shard))
         self._dir.mkdir(parents=True, exist_ok=True)
@@ -153,8 +186,6 @@ class ReplicatedLog(CommitLog):
             sent = await self.stream.publish(start, b"".join(frames))
         except ShardMoved as exc:
             log.error("%s", exc)
-            if self._on_lost is not None:
-                self._on_lost(exc)
             raise
         for position, seq, continued in sent:
             if not continued:
@@ -167,12 +198,20 @@ class ReplicatedLog(CommitLog):
     # -- checkpoints and retention ------------------------------------------------
 
     async def checkpointed(self, directory: Path, names: list[str], position: int) -> None:
-        await self.checkpoints.put(
-            self.shard, directory, names, {"position": position, "seq": self.stream.last_seq}
+        if self._failure is not None:  # deposed: the shard's checkpoints are not ours
+            return
+        await self.claimed.checkpoints.put(
+            self.shard,
+            self.epoch,
+            directory,
+            names,
+            {"position": position, "seq": self.stream.last_seq},
         )
 
     def delete_segments_below(self, position: int) -> int:
         start = super().delete_segments_below(position)
+        if self._failure is not None:  # deposed: the stream is not ours to purge
+            return start
         keep = None
         while len(self._starts) > 1 and self._starts[1][0] <= start:
             self._starts.pop(0)
@@ -194,6 +233,8 @@ class ReplicatedLog(CommitLog):
         await super().close()
         for task in list(self._purges):
             task.cancel()
+        if self._on_close is not None:
+            await self._on_close()
 
 
 def _node_id(shard: str) -> str:

@@ -1,0 +1,160 @@
+"""A storage process of the replicated pool (``polymq storage --nats …``): it serves
+whichever shards it holds the lease of, each as a storage node of its own.
+
+A shard served here is a :class:`StorageNode` whose node id is the shard's name, on a
+port of its own, so nameservers and gateways route to shards exactly as they route to
+unreplicated nodes: when a shard moves, its node id reappears at another address with
+a higher epoch (the nameserver keeps the newest), and gateways follow the route.
+
+Every quarter of the lease time the host says it is alive (with the shards it
+prefers), renews what it holds, hands a shard back to the node that prefers it once
+that node is alive again, and takes free shards: its preferred ones at once, others
+only when no live node prefers them (their node died, and its lease expired).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from polymq.storage.clock import Clock
+from polymq.storage.engine import Engine, EngineConfig
+from polymq.storage.engine.commit_log import CommitLog
+from polymq.storage.lifecycle import Service
+from polymq.storage.node import StorageNode
+from polymq.storage.replicated.log import Claim, ReplicatedLog
+from polymq.storage.replicated.pool import Held, NatsPool
+
+__all__ = ["ShardHost"]
+
+log = logging.getLogger(__name__)
+
+NodeFactory = Callable[[Engine, str, int], StorageNode]  # engine, shard, epoch
+
+
+@dataclass(slots=True)
+class _Served:
+    node: StorageNode
+    held: Held
+    log: ReplicatedLog
+
+
+class ShardHost(Service):
+    def __init__(
+        self,
+        pool: NatsPool,
+        *,
+        shards: Sequence[str],
+        prefer: Sequence[str],
+        engine_config: Callable[[str], EngineConfig],
+        node: NodeFactory,
+        clock: Clock | None = None,
+    ) -> None:
+        super().__init__()
+        self.pool = pool
+        self.shards = tuple(shards)
+        self.prefer = tuple(prefer)
+        self._engine_config = engine_config
+        self._node = node
+        self._clock = clock
+        self.served: dict[str, _Served] = {}
+        self._changed = asyncio.Event()
+
+    @property
+    def name(self) -> str:
+        return self.pool.owner
+
+    async def start(self) -> None:
+        await self.pool.connect()
+        await self._tick()  # its own shards, before saying it is ready
+        self.tasks.spawn(self._loop(), name="polymq-shard-host")
+
+    async def close(self) -> None:
+        await super().close()
+        for shard in list(self.served):
+            await self._drop(shard, release=True)
+        await self.pool.close()
+
+    async def _loop(self) -> None:
+        interval = self.pool.config.lease_ms / 4000
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(interval):
+                    await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._tick()
+            except Exception:  # NATS unreachable for a moment: the next tick retries
+                log.exception("shard host %s: placement step failed", self.name)
+
+    async def _tick(self) -> None:
+        leases = self.pool.leases
+        await leases.announce(self.name, list(self.prefer))
+        for shard, served in list(self.served.items()):
+            if served.held.keeper.lost:
+                await self._drop(shard, release=False)
+        preferences = await leases.preferences()
+        preferred_elsewhere = {
+            shard for node, shards in preferences.items() if node != self.name for shard in shards
+        }
+        for shard in list(self.served):
+            if shard not in self.prefer and shard in preferred_elsewhere:
+                log.info("shard %s: handing it back to the node that prefers it", shard)
+                await self._drop(shard, release=True)
+        order = [*self.prefer, *(s for s in self.shards if s not in self.prefer)]
+        for shard in order:
+            if shard in self.served or (shard not in self.prefer and shard in preferred_elsewhere):
+                continue
+            held = await self.pool.try_claim(shard)
+            if held is not None:
+                await self._serve(shard, held)
+
+    async def _serve(self, shard: str, held: Held) -> None:
+        made: list[ReplicatedLog] = []
+
+        async def claim() -> Claim:
+            return held.claim
+
+        def make_log(directory: Path) -> CommitLog:
+            config = self._engine_config(shard)
+            replicated = ReplicatedLog(
+                directory,
+                claim=claim,
+                segment_bytes=config.segment_bytes,
+                flush_interval_ms=config.flush_interval_ms,
+            )
+            made.append(replicated)
+            return replicated
+
+        engine = Engine(self._engine_config(shard), clock=self._clock, log=make_log)
+        node = self._node(engine, shard, held.claim.epoch)
+        keeper = held.keeper
+
+        def lost(error: BaseException) -> None:
+            made[0].lose(error)
+            self._changed.set()  # the loop drops it at once
+
+        keeper.on_lost = lost
+        keeper.start()
+        try:
+            await node.start()
+        except Exception:
+            log.exception("shard %s: could not take it over", shard)
+            await keeper.stop(release=True)
+            return
+        self.served[shard] = _Served(node, held, made[0])
+        log.info("shard %s: serving it (epoch %d) at %s:%d", shard, held.claim.epoch, *node.address)
+
+    async def _drop(self, shard: str, *, release: bool) -> None:
+        served = self.served.pop(shard)
+        await served.node.close()
+        await served.held.keeper.stop(release=release)
+        log.info("shard %s: no longer served here", shard)
+
+    def status(self) -> dict[str, int]:
+        """The shards served here and their epochs."""
+        return {shard: served.held.claim.epoch for shard, served in self.served.items()}

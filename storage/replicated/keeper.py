@@ -1,0 +1,73 @@
+"""Holding one shard's lease: acquiring it (or waiting for it, as a standby does),
+renewing it, and telling the shard's log the moment it is lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+
+from polymq.storage.errors import ShardMoved
+from polymq.storage.replicated.leases import Lease, LeaseStore
+
+__all__ = ["LeaseKeeper"]
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    """Renews ``lease`` every quarter of its time to live until :meth:`stop`; calls
+    ``on_lost`` once if a renewal is refused or overdue (the owner was stopped, or cut
+    off from NATS for longer than the lease)."""
+
+    def __init__(
+        self, store: LeaseStore, lease: Lease, on_lost: Callable[[BaseException], None]
+    ) -> None:
+        self.store = store
+        self.lease = lease
+        self.on_lost = on_lost
+        self._task: asyncio.Task[None] | None = None
+        self.lost = False
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(
+            self._renew_loop(), name=f"polymq-lease-{self.lease.shard}"
+        )
+
+    def valid(self) -> bool:
+        return not self.lost and self.lease.valid()
+
+    async def _renew_loop(self) -> None:
+        interval = self.lease.ttl_s / 4
+        while True:
+            await asyncio.sleep(interval)
+            if not self.lease.valid():
+                self._lose("its renewal is overdue")
+                return
+            try:
+                async with asyncio.timeout(interval):
+                    renewed = await self.store.renew(self.lease)
+            except Exception as exc:  # NATS unreachable right now: retry until overdue
+                log.warning("shard %s: lease renewal failed: %r", self.lease.shard, exc)
+                continue
+            if not renewed:
+                self._lose("another node holds its lease")
+                return
+
+    def _lose(self, why: str) -> None:
+        self.lost = True
+        error = ShardMoved(f"shard {self.lease.shard} lost: {why}")
+        log.error("%s", error)
+        self.on_lost(error)
+
+    async def stop(self, *, release: bool) -> None:
+        """Stop renewing; ``release``: give the lease up now (a clean hand-over)
+        rather than let it expire."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        if release and not self.lost:
+            with contextlib.suppress(Exception):
+                await self.store.release(self.lease)

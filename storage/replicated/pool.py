@@ -1,0 +1,128 @@
+"""One process's connection to the replicated pool: the NATS cluster, its lease and
+checkpoint buckets, and claiming a shard (what a shard's log awaits at its start)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass
+
+import nats
+from nats.aio.client import Client
+from nats.js.errors import APIError
+
+from polymq.storage.errors import StorageError
+from polymq.storage.replicated.checkpoints import CheckpointStore
+from polymq.storage.replicated.config import ReplicationConfig
+from polymq.storage.replicated.keeper import LeaseKeeper
+from polymq.storage.replicated.leases import LeaseStore
+from polymq.storage.replicated.log import Claim
+from polymq.storage.replicated.stream import ShardStream
+
+__all__ = ["Held", "NatsPool", "PoolError"]
+
+log = logging.getLogger(__name__)
+
+
+class PoolError(StorageError, code="replication_misconfigured"):
+    """The replicated pool cannot be used as configured (said at start-up)."""
+
+
+@dataclass(slots=True)
+class Held:
+    """A shard this process owns: what its log writes with, and who renews it."""
+
+    claim: Claim
+    keeper: LeaseKeeper
+
+
+class NatsPool:
+    def __init__(self, config: ReplicationConfig, owner: str) -> None:
+        if config.replicas not in (1, 3, 5):
+            raise PoolError(f"replication.replicas must be 1, 3 or 5, not {config.replicas}")
+        self.config = config
+        self.owner = owner
+        self._nc: Client | None = None
+        self._leases: LeaseStore | None = None
+        self._checkpoints: CheckpointStore | None = None
+
+    @property
+    def leases(self) -> LeaseStore:
+        assert self._leases is not None, "NatsPool.connect() first"
+        return self._leases
+
+    async def connect(self) -> None:
+        servers = self.config.servers()
+        try:
+            self._nc = await nats.connect(
+                servers,
+                name=f"polymq {self.owner}",
+                connect_timeout=2,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                reconnect_time_wait=0.25,
+            )
+        except Exception as exc:
+            raise PoolError(f"cannot reach NATS at {', '.join(servers)}: {exc!r}") from exc
+        js = self._nc.jetstream(timeout=5)
+        replicas = self.config.replicas
+        self._leases = LeaseStore(js, ttl_s=self.config.lease_ms / 1000, replicas=replicas)
+        try:
+            await self._leases.open()
+        except APIError as exc:
+            await self.close()
+            raise PoolError(
+                f"JetStream refused {replicas} replicas: {exc.description} "
+                f"(replicas {replicas} needs a NATS cluster of at least {replicas} "
+                "servers with JetStream)"
+            ) from exc
+        self._checkpoints = CheckpointStore(js, replicas=replicas)
+
+    def stream(self, shard: str) -> ShardStream:
+        assert self._nc is not None, "NatsPool.connect() first"
+        return ShardStream(
+            self._nc.jetstream(timeout=5),
+            shard,
+            replicas=self.config.replicas,
+            chunk_bytes=self.config.chunk_bytes,
+        )
+
+    async def try_claim(self, shard: str) -> Held | None:
+        """The shard's lease if nobody holds it (not yet renewing: see
+        :meth:`LeaseKeeper.start`)."""
+        lease = await self.leases.acquire(shard, self.owner)
+        if lease is None:
+            return None
+        assert self._checkpoints is not None
+        stream = self.stream(shard)
+        try:
+            await stream.ensure()
+        except BaseException:
+            await self.leases.release(lease)
+            raise
+        claim = Claim(stream=stream, checkpoints=self._checkpoints, epoch=lease.epoch)
+        return Held(claim, LeaseKeeper(self.leases, lease, lambda exc: None))
+
+    async def wait_claim(self, shard: str) -> Held:
+        """Wait until the shard is free and take it (a standby's start)."""
+        waiting = False
+        while True:
+            held = await self.try_claim(shard)
+            if held is not None:
+                return held
+            if not waiting:
+                log.info(
+                    "shard %s is owned by %s: standing by to take over",
+                    shard,
+                    await self.leases.owner(shard),
+                )
+                waiting = True
+            await asyncio.sleep(self.config.lease_ms / 4000)
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            nc, self._nc = self._nc, None
+            try:
+                await nc.drain()
+            except Exception:
+                await nc.close()
