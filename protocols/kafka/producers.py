@@ -6,6 +6,14 @@ its sequence, as Kafka accepts one after the producer's state expired, and start
 sequence afresh; retries that cross gateways or a restart are still caught by the
 append's dedup key. Kafka remembers the last five batches per
 partition, so a retry of any of them gets its first answer again.
+
+A batch whose append failed with storage out of reach is *unsettled*: the storage
+node may have stored it before the connection dropped (killed after its write, before
+its answer). Until a retry of that batch settles it (the append's dedup key returns
+the first copy if there is one), later batches of the producer are refused with a
+retryable error, never OUT_OF_ORDER_SEQUENCE_NUMBER: a client takes that as proof the
+batch before was not stored, bumps its epoch and sends those records again under new
+sequence numbers, which no dedup key recognises (librdkafka does, issue 22).
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ class Verdict(Enum):
     DUPLICATE = "duplicate"
     OUT_OF_ORDER = "out_of_order"
     FENCED = "fenced"
+    UNSETTLED = "unsettled"  # an earlier batch's fate is unknown: retry later
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +53,7 @@ class _Partition:
     recent: deque[tuple[int, int, int]] = field(
         default_factory=lambda: deque(maxlen=_REMEMBERED_BATCHES)
     )  # (first sequence, last sequence, base offset)
+    unsettled: tuple[int, int] | None = None  # (first, last) of a batch of unknown fate
 
 
 class ProducerRegistry:
@@ -79,9 +89,15 @@ class ProducerRegistry:
         if known_epoch is not None and epoch < known_epoch:
             return SequenceCheck(Verdict.FENCED)
         state = self._partitions.get((producer_id, queue))
-        if state is None or epoch > state.epoch or state.next_sequence is None:
+        if state is None or epoch > state.epoch:
             return SequenceCheck(Verdict.ACCEPT)
         last = (first + count - 1) % _SEQUENCE_WRAP
+        if state.unsettled is not None:
+            # Its retry goes through (its dedup key settles it); nothing else may.
+            verdict = Verdict.ACCEPT if state.unsettled[0] == first else Verdict.UNSETTLED
+            return SequenceCheck(verdict)
+        if state.next_sequence is None:
+            return SequenceCheck(Verdict.ACCEPT)
         for seen_first, seen_last, offset in state.recent:
             if seen_first == first and seen_last == last:
                 return SequenceCheck(Verdict.DUPLICATE, offset)
@@ -92,12 +108,25 @@ class ProducerRegistry:
     def record(
         self, producer_id: int, epoch: int, queue: QueueRef, first: int, count: int, offset: int
     ) -> None:
+        state = self._state(producer_id, epoch, queue)
+        last = (first + count - 1) % _SEQUENCE_WRAP
+        state.recent.append((first, last, offset))
+        state.next_sequence = (last + 1) % _SEQUENCE_WRAP
+        state.unsettled = None
+
+    def unsettle(
+        self, producer_id: int, epoch: int, queue: QueueRef, first: int, count: int
+    ) -> None:
+        """The append of this batch may or may not have been stored (see the module
+        docstring): hold the producer's later batches back until it is retried."""
+        state = self._state(producer_id, epoch, queue)
+        state.unsettled = (first, (first + count - 1) % _SEQUENCE_WRAP)
+
+    def _state(self, producer_id: int, epoch: int, queue: QueueRef) -> _Partition:
         key = (producer_id, queue)
         state = self._partitions.get(key)
         if state is None or epoch > state.epoch:
             state = self._partitions[key] = _Partition(epoch=epoch)
         if self._epochs.get(producer_id, -1) < epoch:
             self._epochs[producer_id] = epoch
-        last = (first + count - 1) % _SEQUENCE_WRAP
-        state.recent.append((first, last, offset))
-        state.next_sequence = (last + 1) % _SEQUENCE_WRAP
+        return state

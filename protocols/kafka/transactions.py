@@ -1,16 +1,12 @@
-"""Kafka transactions (KIP-98), kept in this gateway's memory.
+"""Kafka transactions (KIP-98): the coordinator's view, kept in its gateway's memory.
 
 Transactional records are stored at once, as Kafka stores them; what makes them
-transactional is bookkeeping around them:
-
-* per partition, the first offset of each open transaction: the last stable offset
-  (LSO) is the smallest of them, and read_committed fetches stop there;
-* at EndTxn, a control batch (commit or abort marker) is appended to every partition
-  of the transaction, and an aborted transaction's range is remembered, so fetches
-  list it in ``aborted_transactions`` and clients drop its records;
-* offsets sent with TxnOffsetCommit are committed to storage only on commit.
-
-A gateway restart forgets open transactions and aborted ranges (see docs/kafka.md).
+transactional is bookkeeping around them. The coordinator keeps here, per
+transactional id, its producer and the partitions and offsets of the transaction
+under way; offsets sent with TxnOffsetCommit are committed to storage only on commit.
+What every partition's leader must know (which transactions are open there, from which
+offset, and which were aborted) is kept in storage instead, since the leader is often
+another gateway (protocols/kafka/txn_log.py).
 """
 
 from __future__ import annotations
@@ -44,13 +40,14 @@ class Transaction:
     epoch: int
     partitions: set[QueueRef] = field(default_factory=set)
     offsets: list[PendingOffset] = field(default_factory=list)
+    # Per partition joined: its end offset when it joined (no record of the
+    # transaction is below), as written to storage.
+    first_offsets: dict[QueueRef, int] = field(default_factory=dict)
 
 
 class TransactionState:
     def __init__(self) -> None:
         self._transactions: dict[tuple[str, str], Transaction] = {}
-        self._open: dict[QueueRef, dict[int, int]] = {}  # queue -> producer id -> first
-        self._aborted: dict[QueueRef, list[AbortedRange]] = {}
 
     def begin(self, namespace: str, transactional_id: str, producer_id: int, epoch: int) -> None:
         """Record the producer of ``transactional_id`` (after InitProducerId)."""
@@ -60,25 +57,3 @@ class TransactionState:
 
     def get(self, namespace: str, transactional_id: str) -> Transaction | None:
         return self._transactions.get((namespace, transactional_id))
-
-    def produced(self, queue: QueueRef, producer_id: int, base_offset: int) -> None:
-        """A transactional batch landed at ``base_offset``: the transaction is open
-        there from its first batch on."""
-        self._open.setdefault(queue, {}).setdefault(producer_id, base_offset)
-
-    def close(self, queue: QueueRef, producer_id: int, marker_offset: int, *, commit: bool) -> None:
-        first = self._open.get(queue, {}).pop(producer_id, None)
-        if first is not None and not commit:
-            ranges = self._aborted.setdefault(queue, [])
-            ranges.append(AbortedRange(producer_id, first, marker_offset))
-
-    def last_stable(self, queue: QueueRef, high_watermark: int) -> int:
-        return min(self._open.get(queue, {}).values(), default=high_watermark)
-
-    def aborted(self, queue: QueueRef, start: int, end: int) -> list[AbortedRange]:
-        """Aborted ranges overlapping offsets [start, end)."""
-        return [
-            r
-            for r in self._aborted.get(queue, ())
-            if r.last_offset >= start and r.first_offset < end
-        ]

@@ -24,9 +24,10 @@ from polymq.gateway.listeners import ListenerFactory
 from polymq.navigation.endpoints import GatewayEndpoint
 from polymq.storage.api import StorageAPI
 from polymq.storage.engine import Engine
+from polymq.storage.errors import StorageUnavailable
 from tests.live_server import LiveServer, SharedStorage, server_config
 
-__all__ = ["Gateways", "StaticDirectory", "gateways"]
+__all__ = ["Gateways", "LossyStorage", "StaticDirectory", "gateways"]
 
 _T = TypeVar("_T")
 _TIMEOUT_S = 30.0
@@ -48,6 +49,33 @@ class StaticDirectory:
         return self._listed.get(protocol, [])
 
 
+class LossyStorage(SharedStorage):
+    """:class:`SharedStorage` that can also lose the answers of the next
+    ``lost_append_answers`` appends: each is stored, then its caller gets
+    :class:`StorageUnavailable` after ``lost_answer_delay_s``, as when a storage node is
+    killed after its write and before its answer."""
+
+    def __init__(self, inner: StorageAPI) -> None:
+        super().__init__(inner)
+        self.lost_append_answers = 0
+        self.lost_answer_delay_s = 0.0
+
+    def __getattr__(self, name: str) -> Any:
+        call = super().__getattr__(name)
+        if name != "append":
+            return call
+
+        async def append(*args: Any, **kwargs: Any) -> Any:
+            result = await call(*args, **kwargs)
+            if self.lost_append_answers > 0:
+                self.lost_append_answers -= 1
+                await asyncio.sleep(self.lost_answer_delay_s)
+                raise StorageUnavailable("the storage node died before answering (test)")
+            return result
+
+        return append
+
+
 class Gateways:
     def __init__(
         self, loop: asyncio.AbstractEventLoop, listed: dict[str, list[GatewayEndpoint]]
@@ -57,7 +85,7 @@ class Gateways:
         # navigation would when a gateway leaves).
         self.listed = listed
         self.gateways: dict[str, Gateway] = {}
-        self.storage: dict[str, SharedStorage] = {}
+        self.storage: dict[str, LossyStorage] = {}
 
     def address(self, gateway_id: str, listener: str) -> tuple[str, int]:
         found = self.gateways[gateway_id].listeners.get(listener)
@@ -106,7 +134,7 @@ def gateways(
                     config = dataclasses.replace(
                         base, cluster=dataclasses.replace(base.cluster, gateway_id=gateway_id)
                     )
-                    shared = SharedStorage(cast(StorageAPI, engine))
+                    shared = LossyStorage(cast(StorageAPI, engine))
                     gateway = Gateway(
                         config,
                         storage=cast(StorageAPI, shared),

@@ -309,6 +309,41 @@ def test_a_producer_retries_through_a_storage_outage(two: Gateways) -> None:
     assert got == [b"before", b"during"]
 
 
+def test_a_batch_stored_but_unanswered_is_stored_once(two: Gateways) -> None:
+    """Issue 22: the storage node stores a batch and dies before answering, with more
+    batches of the producer in flight behind it. Those must not get
+    OUT_OF_ORDER_SEQUENCE_NUMBER (librdkafka would take it as proof the first was not
+    stored, bump its epoch and send its records again under new sequences): each
+    record is stored once."""
+    topic = f"lost-{next(_names)}"
+    bootstrap = two.bootstrap(IDS[0])
+    producer = confluent_producer(
+        bootstrap, **{"enable.idempotence": True, "retry.backoff.ms": 50, "linger.ms": 0}
+    )
+    producer.produce(topic, value=b"before")
+    assert producer.flush(30) == 0
+    storage = two.storage[IDS[0]]
+    storage.lost_answer_delay_s = 0.3  # meanwhile the client sends its next batches
+    storage.lost_append_answers = 1
+    try:
+        for i in range(200):
+            producer.produce(topic, value=b"r%d" % i)
+            producer.poll(0)
+            time.sleep(0.002)
+        assert producer.flush(30) == 0
+    finally:
+        storage.lost_append_answers = 0
+    assert storage.lost_append_answers == 0
+    consumer = confluent_consumer(bootstrap, f"g-{topic}")
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        got = [m.value() for m in confluent_consume(consumer, 201)]
+        assert consumer.poll(1.0) is None  # no second copy of anything
+    finally:
+        consumer.close()
+    assert got == [b"before", *(b"r%d" % i for i in range(200))]
+
+
 def test_each_gateway_lists_the_groups_it_coordinates(two: Gateways) -> None:
     """Admin clients ask every broker for its groups and add the answers up."""
     groups = [f"listed-{next(_names)}" for _ in range(8)]

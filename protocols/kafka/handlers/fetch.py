@@ -27,10 +27,12 @@ from polymq.protocols.kafka.records import (
     encode_batch,
     expand_batch,
     message_headers,
+    parse_header,
     with_base_offset,
 )
 from polymq.protocols.kafka.session import Session
 from polymq.protocols.kafka.transactions import AbortedRange
+from polymq.protocols.kafka.txn_log import partition_transactions
 from polymq.storage.batch_formats import expand
 from polymq.storage.errors import StorageError
 from polymq.storage.model import QueueOffsets, QueueRef, StoredBatch, StoredMessage
@@ -130,35 +132,54 @@ def to_wire(batches: list[StoredBatch]) -> bytes:
 
 
 async def _read(session: Session, part: _Partition, wait_ms: int) -> None:
-    transactions = session.services.transactions
     try:
         part.offsets = await session.processor.queue_offsets(session.caller, part.queue)
-        part.last_stable = transactions.last_stable(part.queue, part.offsets.latest)
+        part.last_stable = part.offsets.latest
         if not part.offsets.earliest <= part.offset <= part.offsets.latest:
             part.error = ErrorCode.offset_out_of_range
-            return
-        unstable = part.last_stable < part.offsets.latest
-        if part.committed_only and unstable and part.offset >= part.last_stable:
-            # Nothing stable to read yet; an open transaction ends with EndTxn.
-            await asyncio.sleep(min(wait_ms, _UNSTABLE_POLL_MS) / 1000)
             return
         if part.offset == part.offsets.latest and wait_ms <= 0:
             return
         batches = await session.processor.read_batches(
             session.caller, part.queue, part.offset, max_bytes=part.max_bytes, wait_ms=wait_ms
         )
+        if batches:
+            part.offsets = await session.processor.queue_offsets(session.caller, part.queue)
+            part.last_stable = part.offsets.latest
+        if part.committed_only and _transactional(batches):
+            batches = await _stable(session, part, batches)
+            if not batches and wait_ms > 0:
+                # Nothing stable to read yet; an open transaction ends with EndTxn.
+                await asyncio.sleep(min(wait_ms, _UNSTABLE_POLL_MS) / 1000)
     except (StorageError, AuthError) as e:
         part.error = error_code(e)
         return
-    if batches:
-        part.offsets = await session.processor.queue_offsets(session.caller, part.queue)
-        part.last_stable = transactions.last_stable(part.queue, part.offsets.latest)
-    if part.committed_only:
-        batches = [b for b in batches if b.base_offset < part.last_stable]
-        if batches:
-            end = batches[-1].base_offset + batches[-1].count
-            part.aborted = tuple(transactions.aborted(part.queue, part.offset, end))
     part.records = to_wire(batches)
+
+
+def _transactional(batches: list[StoredBatch]) -> bool:
+    """Whether any of ``batches`` is a transaction's (records or a marker)."""
+    return any(
+        b.format == BATCH_FORMAT
+        and b.raw is not None
+        and parse_header(b.raw, check_crc=False).transactional
+        for b in batches
+    )
+
+
+async def _stable(
+    session: Session, part: _Partition, batches: list[StoredBatch]
+) -> list[StoredBatch]:
+    """read_committed: the batches below the last stable offset, with the aborted
+    transactions among them, as the coordinators left them in storage."""
+    txns = await partition_transactions(session, part.queue)
+    assert part.offsets is not None
+    part.last_stable = txns.last_stable(part.offsets.latest)
+    batches = [b for b in batches if b.base_offset < part.last_stable]
+    if batches:
+        end = batches[-1].base_offset + batches[-1].count
+        part.aborted = tuple(txns.aborted_in(part.offset, end))
+    return batches
 
 
 async def _wait_for_any(session: Session, parts: list[_Partition], wait_ms: int) -> None:

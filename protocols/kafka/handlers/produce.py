@@ -13,10 +13,10 @@ from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
 from polymq.gateway.fairness import cooperatively
-from polymq.protocols.kafka.errors import error_code
+from polymq.protocols.kafka.errors import coordinator_error, error_code
 from polymq.protocols.kafka.handlers.configs import compaction_of
 from polymq.protocols.kafka.handlers.transactions import end_transaction
-from polymq.protocols.kafka.producers import Verdict
+from polymq.protocols.kafka.producers import ProducerRegistry, Verdict
 from polymq.protocols.kafka.records import (
     BATCH_FORMAT,
     BatchHeader,
@@ -25,7 +25,8 @@ from polymq.protocols.kafka.records import (
     parse_header,
 )
 from polymq.protocols.kafka.session import Session
-from polymq.storage.errors import StorageError
+from polymq.protocols.kafka.txn_log import left_open
+from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
 __all__ = ["init_producer_id", "produce"]
@@ -45,6 +46,7 @@ class _Pending:
     message: str | None = None
     base_offset: int = -1
     duplicate_offset: int | None = None
+    unsettled: bool = False  # storage out of reach: the append may have been stored
 
 
 def _split(records: bytes | None) -> list[tuple[BatchHeader, bytes]]:
@@ -112,6 +114,9 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
                 part.error = ErrorCode.out_of_order_sequence_number
             elif check.verdict is Verdict.FENCED:
                 part.error = ErrorCode.invalid_producer_epoch
+            elif check.verdict is Verdict.UNSETTLED:
+                part.error = ErrorCode.kafka_storage_error
+                part.message = "an earlier batch of this producer is not settled yet"
     requests: list[AppendRequest] = []
     owners: list[_Pending] = []
     for part in pending:
@@ -128,24 +133,40 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
     if requests:
         await _append(session, requests, owners)
     for part in pending:
-        if part.duplicate_offset is not None:
-            part.base_offset = part.duplicate_offset
-        elif part.error is ErrorCode.none and part.batches:
-            first = part.batches[0][0]
-            if first.producer_id >= 0 and first.base_sequence >= 0:
-                count = sum(h.record_count for h, _ in part.batches)
-                producers.record(
-                    first.producer_id,
-                    first.producer_epoch,
-                    part.queue,
-                    first.base_sequence,
-                    count,
-                    part.base_offset,
-                )
+        _remember(producers, part)
     await _poke_compactor(session, pending)
     if request.acks == 0:
         return None
     return {"responses": _responses(pending), "throttle_time": 0}
+
+
+def _remember(producers: ProducerRegistry, part: _Pending) -> None:
+    """Tell the producer registry how a partition's batches ended."""
+    if part.duplicate_offset is not None:
+        part.base_offset = part.duplicate_offset
+        return
+    if not part.batches:
+        return
+    first = part.batches[0][0]
+    if first.producer_id < 0 or first.base_sequence < 0:
+        return
+    count = sum(h.record_count for h, _ in part.batches)
+    if part.error is ErrorCode.none:
+        producers.record(
+            first.producer_id,
+            first.producer_epoch,
+            part.queue,
+            first.base_sequence,
+            count,
+            part.base_offset,
+        )
+    elif part.unsettled:
+        producers.unsettle(
+            first.producer_id, first.producer_epoch, part.queue, first.base_sequence, count
+        )
+        # Kafka's "may have been written": clients retry the batch as it was, where
+        # KAFKA_STORAGE_ERROR would tell them it was not stored.
+        part.error = ErrorCode.request_timed_out
 
 
 async def _poke_compactor(session: Session, pending: list[_Pending]) -> None:
@@ -165,21 +186,15 @@ async def _append(session: Session, requests: list[AppendRequest], owners: list[
         parts = list({id(o): o for o in owners}.values())
         if len(parts) == 1:
             parts[0].error, parts[0].message = error_code(e), str(e)
+            parts[0].unsettled = isinstance(e, StorageUnavailable)
             return
         for part in parts:
             mine = [r for r, o in zip(requests, owners, strict=True) if o is part]
             await _append(session, mine, [part] * len(mine))
         return
     for part, result in zip(owners, results, strict=True):
-        if not result.placements:
-            continue
-        if part.base_offset < 0:
+        if result.placements and part.base_offset < 0:
             part.base_offset = result.placements[0].offset
-        header = part.batches[0][0]
-        if header.transactional and not result.duplicate:
-            session.services.transactions.produced(
-                part.queue, header.producer_id, result.placements[0].offset
-            )
 
 
 def _all_failed(request: Any, error: ErrorCode, message: str | None = None) -> dict[str, Any]:
@@ -219,9 +234,15 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
             "producer_epoch": -1,
         }
     if transactional_id:
-        previous = session.services.transactions.get(session.namespace, transactional_id)
-        if previous is not None:
-            await end_transaction(session, previous, commit=False)
+        try:
+            await _abort_left_open(session, transactional_id)
+        except (StorageError, AuthError) as e:
+            return {
+                "throttle_time": 0,
+                "error_code": coordinator_error(e),
+                "producer_id": -1,
+                "producer_epoch": -1,
+            }
     producer_id, epoch = session.services.producers.init_producer(transactional_id)
     if transactional_id:
         session.services.transactions.begin(session.namespace, transactional_id, producer_id, epoch)
@@ -231,3 +252,14 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
         "producer_id": producer_id,
         "producer_epoch": epoch,
     }
+
+
+async def _abort_left_open(session: Session, transactional_id: str) -> None:
+    """Abort what the id's previous instance left open: known here if this gateway
+    coordinated it, else as stored by the coordinator that did (a restart, or the id
+    moved here from a gateway that left)."""
+    previous = session.services.transactions.get(session.namespace, transactional_id)
+    if previous is None:
+        previous = await left_open(session, transactional_id)
+    if previous is not None:
+        await end_transaction(session, previous, commit=False)

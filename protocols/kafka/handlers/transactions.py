@@ -1,6 +1,9 @@
 """AddPartitionsToTxn, AddOffsetsToTxn, TxnOffsetCommit and EndTxn: the transaction
 coordinator's side of KIP-98 (the state lives in protocols/kafka/transactions.py, in
 the memory of the gateway owning the transactional id; others answer NOT_COORDINATOR).
+What partition leaders need (open transactions, aborted ranges) goes to storage
+(protocols/kafka/txn_log.py): AddPartitionsToTxn opens the transaction on its new
+partitions before answering, EndTxn writes the markers and then settles each partition.
 
 TxnOffsetCommit goes to the *group's* coordinator, which may be another gateway than
 the transaction's. That gateway cannot see the transaction, so it parks the offsets in
@@ -10,6 +13,7 @@ those of its producer id and epoch, or drops them on abort."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from kio.schema.errors import ErrorCode
@@ -19,6 +23,7 @@ from polymq.protocols.kafka.errors import coordinator_error
 from polymq.protocols.kafka.records import BATCH_FORMAT, encode_control_batch
 from polymq.protocols.kafka.session import Session
 from polymq.protocols.kafka.transactions import PendingOffset, Transaction
+from polymq.protocols.kafka.txn_log import forget_transaction, join_partitions, settle_partition
 from polymq.storage.errors import StorageError
 from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
@@ -53,13 +58,22 @@ async def add_partitions_to_txn(session: Session, request: Any, version: int) ->
         request.v3_and_below_producer_id,
         request.v3_and_below_producer_epoch,
     )
+    queues = [
+        session.queue(topic.name, index)
+        for topic in request.v3_and_below_topics
+        for index in topic.partitions
+    ]
+    if txn is not None:
+        try:
+            await join_partitions(session, txn, queues)
+            txn.partitions.update(queues)
+        except (StorageError, AuthError) as e:
+            code = coordinator_error(e)
     results = []
     for topic in request.v3_and_below_topics:
-        parts = []
-        for index in topic.partitions:
-            if txn is not None:
-                txn.partitions.add(session.queue(topic.name, index))
-            parts.append({"partition_index": index, "partition_error_code": code})
+        parts = [
+            {"partition_index": index, "partition_error_code": code} for index in topic.partitions
+        ]
         results.append({"name": topic.name, "results_by_partition": parts})
     return {"throttle_time": 0, "results_by_topic_v3_and_below": results}
 
@@ -160,9 +174,10 @@ async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any
 
 
 async def end_transaction(session: Session, txn: Transaction, *, commit: bool) -> None:
-    """Write the markers, settle the bookkeeping, commit the offsets sent with it."""
-    state = session.services.transactions
-    queues = sorted(txn.partitions, key=str)
+    """Write the markers, settle each partition in storage, commit the offsets sent
+    with it. Raises on a storage error; the client retries EndTxn, which writes the
+    markers again (a marker with no open transaction is ignored by readers)."""
+    queues = sorted(txn.partitions | txn.first_offsets.keys(), key=str)
     if queues:
         marker = encode_control_batch(
             txn.producer_id,
@@ -173,9 +188,19 @@ async def end_transaction(session: Session, txn: Transaction, *, commit: bool) -
         entry = BatchEntry(format=BATCH_FORMAT, raw=marker, count=1)
         requests = [AppendRequest(entry=entry, queues=(queue,)) for queue in queues]
         results = await session.processor.append(session.caller, requests)
-        for queue, result in zip(queues, results, strict=True):
-            offset = result.placements[0].offset if result.placements else -1
-            state.close(queue, txn.producer_id, offset, commit=commit)
+        await asyncio.gather(
+            *(
+                settle_partition(
+                    session,
+                    txn,
+                    queue,
+                    result.placements[0].offset if result.placements else -1,
+                    commit=commit,
+                )
+                for queue, result in zip(queues, results, strict=True)
+            )
+        )
+    await forget_transaction(session, txn)
     offsets = [*txn.offsets, *await _unpark_offsets(session, txn)]
     if commit:
         for pending in offsets:
