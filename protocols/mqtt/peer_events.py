@@ -21,7 +21,7 @@ from polymq.protocols.mqtt.model import (
 from polymq.protocols.mqtt.peers import EVENTS_TOPIC, Event, decode_event
 from polymq.protocols.mqtt.sessions import Sessions
 from polymq.protocols.mqtt.subscriptions import Subscriptions
-from polymq.storage.errors import OffsetOutOfRange, StorageError
+from polymq.storage.errors import OffsetOutOfRange, StorageError, StorageUnavailable
 
 __all__ = ["PeerEvents"]
 
@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 
 _EVENTS_WAIT_MS = 5_000
 _RELEASE_WAIT_S = 5.0  # for the gateway serving a client that connected here to let go
+_UNREAD: dict[str, Any] = {}  # a session record that could not be read (claim)
 
 
 class PeerEvents:
@@ -111,20 +112,40 @@ class PeerEvents:
         if event.host == self.core.peers.self_id:
             await self.core.emit("released", client=event.client, nonce=event.nonce)
 
-    async def claim(self, client_id: str) -> None:
+    async def claim(self, client_id: str, *, clean: bool = False) -> None:
         """Take the session over from the gateway serving it (v5 0x8E there): tell
         every gateway, wait (a while: it may be dead) for the one named in the record
-        to save and let go, then read the session as storage has it."""
+        to save and let go, then read the session as storage has it.
+
+        ``clean``: a session that keeps nothing (clean start, no expiry). While the
+        namespace's home node or the node of ``$mqtt.events`` is down, such a client
+        still connects if this gateway knows no session of its client id: without the
+        record, or without telling the others (a connection with the same client id
+        on another gateway is then not taken over). Anything else needs both."""
         assert self.core.peers is not None
         me = self.core.peers.self_id
-        record = await self.core.processor.meta_get(self.core.caller, SESSION_KIND, client_id)
+        try:
+            record = await self.core.processor.meta_get(self.core.caller, SESSION_KIND, client_id)
+        except StorageUnavailable as e:
+            if not clean or client_id in self.core.sessions:
+                raise
+            log.warning("mqtt %s: connecting without its session record: %s", client_id, e)
+            record = _UNREAD
         host = record.get("gateway") if record else None
         nonce = ""
         waiting: asyncio.Future[None] | None = None
         if host is not None and host != me and host in self.core.peers.alive():
             nonce = uuid.uuid4().hex
             waiting = self._releases[nonce] = asyncio.get_running_loop().create_future()
-        await self.core.emit("attach", client=client_id, host=host, nonce=nonce)
+        try:
+            await self.core.emit("attach", client=client_id, host=host, nonce=nonce)
+        except StorageUnavailable as e:
+            if waiting is not None or not clean:
+                self._releases.pop(nonce, None)
+                raise
+            log.warning("mqtt %s: connecting without telling the other gateways: %s", client_id, e)
+        if record is _UNREAD:
+            return
         if waiting is not None:
             try:
                 async with asyncio.timeout(_RELEASE_WAIT_S):

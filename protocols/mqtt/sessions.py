@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -22,13 +23,15 @@ from polymq.protocols.mqtt.model import (
     queue_topic,
 )
 from polymq.protocols.mqtt.subscriptions import Subscriptions
-from polymq.storage.errors import StorageError
+from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.model import QueueRef
 
 if TYPE_CHECKING:  # the events make sessions of other gateways' records (one layer)
     from polymq.protocols.mqtt.peer_events import PeerEvents
 
 __all__ = ["Sessions"]
+
+log = logging.getLogger(__name__)
 
 
 class Sessions:
@@ -86,8 +89,8 @@ class Sessions:
         if old is not None and old.owner is not None:
             await old.owner.take_over()
             old = self.core.sessions.get(client_id)  # the old connection may have ended it
-        if self.peer_events is not None:
-            await self.peer_events.claim(client_id)  # from whichever gateway serves it now
+        if self.peer_events is not None:  # from whichever gateway serves it now
+            await self.peer_events.claim(client_id, clean=clean_start and expiry_s == 0)
             old = self.core.sessions.get(client_id)
         if old is not None:
             cancel_timers(old)
@@ -243,7 +246,14 @@ class Sessions:
         if session.queue is not None:
             await self.save(session, disconnected_ms=None)
         elif self.core.peers is not None:  # shared groups must be known where it is published
-            await self.announce(session, self.record(session, None))
+            try:
+                await self.announce(session, self.record(session, None))
+            except StorageUnavailable as e:
+                if self.subscriptions.shared_queues(session):
+                    raise
+                # Its plain subscriptions are served by this gateway's tails: the
+                # others learn of it from its next event.
+                log.warning("mqtt %s: subscriptions not announced: %s", session.client_id, e)
 
     def close(self) -> None:
         """Stop the sessions' timers (server stop)."""

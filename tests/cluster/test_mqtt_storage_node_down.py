@@ -21,6 +21,7 @@ import pytest
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
 from polymq.protocols.mqtt.model import SESSION_PREFIX
+from polymq.protocols.mqtt.peers import EVENTS_TOPIC
 from polymq.storage.routes import RouteTable
 from tests.cluster.fast_failure import cluster_env
 from tests.mqtt.helpers import TIMEOUT, Paho
@@ -76,6 +77,53 @@ async def test_copies_owed_by_a_gateway_killed_during_the_outage_are_made_after_
         owed = acked | during
         await asyncio.to_thread(_received_by, setup.on_a, owed, "A's subscriber", 120.0)
         setup.close()
+
+
+async def test_clean_clients_connect_while_the_events_node_is_down(tmp_path: Path) -> None:
+    """Two gateways: the node holding ``$mqtt.events`` (maybe the namespace's home
+    too) is SIGKILLed; clean-session clients still connect, subscribe and publish to
+    a topic on the other node, and a subscriber on one gateway gets what is published
+    through the other (its gateway's tail serves it)."""
+    async with _cluster(tmp_path, 2) as cluster:
+        one, two = (cluster.address(f"gateway-{i}", "mqtt")[1] for i in (1, 2))
+        # (each gateway loads the namespace before: loading it follows the events)
+        await asyncio.to_thread(lambda: Paho(one).connect().disconnect())
+        victim, topic = await asyncio.to_thread(_events_node_and_a_topic_elsewhere, cluster, two)
+        await cluster.kill(f"storage-{victim.removeprefix('node-')}")
+        payloads = await asyncio.to_thread(_clean_clients_meet, one, two, topic)
+        assert len(payloads) == 2 * _DURING
+
+
+def _events_node_and_a_topic_elsewhere(cluster: LocalCluster, port: int) -> tuple[str, str]:
+    probe = Paho(port).connect()
+    victim, _ = _node_of(cluster, EVENTS_TOPIC)
+    for _ in range(40):
+        topic = f"p{uuid.uuid4().hex[:8]}"
+        assert probe.publish(f"{topic}/probe", b"probe", qos=1) == 0
+        if _node_of(cluster, topic)[0] != victim:
+            probe.disconnect()
+            return victim, topic
+    raise AssertionError(f"no topic placed beside {victim}")
+
+
+def _clean_clients_meet(subscribers: int, publishers: int, topic: str) -> set[bytes]:
+    subscriber = Paho(subscribers, v5=True).connect()
+    assert subscriber.connack == (False, 0), subscriber.connack
+    assert subscriber.subscribe(f"{topic}/#", qos=1) == [1]
+    clients = [Paho(publishers).connect(), Paho(publishers, v5=True).connect()]
+    acked = set()
+    for client in clients:
+        assert client.connack == (False, 0), client.connack
+    for i in range(_DURING):
+        for client in clients:
+            payload = f"{client.client_id}-{i}".encode()
+            assert client.publish(f"{topic}/x", payload, qos=1) == 0
+            acked.add(payload)
+    _received_by(subscriber, acked, "the clean subscriber")
+    for client in (subscriber, *clients):
+        assert client.disconnects == [], f"{client.client_id} was disconnected"
+        client.disconnect()
+    return acked
 
 
 @asynccontextmanager
