@@ -152,7 +152,7 @@ class _Run:
         return [name for name, h in self.histories.items() if not (h.acked and h.deliveries)]
 
     def drained(self) -> bool:
-        return all(set(h.acked) <= h.delivered_ids() for h in self.histories.values())
+        return not any(h.missing() for h in self.histories.values())
 
     def status(self) -> str:
         return "  ".join(
@@ -163,12 +163,19 @@ class _Run:
         """After the consumers stopped: Kafka re-reads every partition; the others get
         a fresh consumer (same queue, group or session) for what is still queued, if
         anything acknowledged is missing, until it is found or ``seconds`` pass (long
-        enough for a dead gateway's leases to run out)."""
+        enough for a dead gateway's leases to run out). All protocols at once."""
+        threads = []
         for protocol, context in self.contexts:
             if protocol.audit is not None:
-                protocol.audit(context)
-            elif set(context.history.acked) - context.history.delivered_ids():
-                _fresh_consumers(protocol, context, seconds)
+                threads.append(threading.Thread(target=protocol.audit, args=(context,)))
+            elif context.history.missing():
+                threads.append(
+                    threading.Thread(target=_fresh_consumers, args=(protocol, context, seconds))
+                )
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
 
     def mark_stuck(self, workers: Sequence[Worker]) -> None:
         for worker in workers:
@@ -181,7 +188,7 @@ def _fresh_consumers(protocol: Protocol, context: Context, seconds: float) -> No
     fresh = dataclasses.replace(
         context, history=found, stop_consuming=stop, subscribed=threading.Event()
     )
-    missing = set(context.history.acked) - context.history.delivered_ids()
+    missing = context.history.missing()
     workers = [w for w in protocol.workers(fresh) if "-consumer" in w.name]
     for worker in workers:
         worker.start()
@@ -211,9 +218,13 @@ async def _progress(run: _Run, kills: list[Kill], every: float) -> None:
 
 async def _chaos(args: argparse.Namespace, cluster: LocalCluster) -> int:
     origin = time.monotonic()
+    try:
+        victims(cluster, args.roles)  # a role this layout lacks fails now, not mid-run
+    except ValueError as e:
+        print(f"chaos: {e}", file=sys.stderr)
+        return 2
     await cluster.start()
     print(f"cluster up: {', '.join(cluster.children)}", file=sys.stderr)
-    victims(cluster, args.roles)  # a role this layout lacks fails now, not mid-run
     run = _Run(args, cluster)
     await asyncio.to_thread(run.start)
     if not await _until(lambda: not run.warmed_up(), args.warmup_seconds):

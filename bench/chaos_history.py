@@ -126,6 +126,14 @@ class History:
         with self._lock:
             return dict(self.acked), list(self.deliveries)
 
+    def acked_ids(self) -> set[tuple[str, int]]:
+        with self._lock:
+            return set(self.acked)
+
+    def missing(self) -> set[tuple[str, int]]:
+        """Acknowledged, not (yet) delivered."""
+        return self.acked_ids() - self.delivered_ids()
+
     def delivered_ids(self) -> set[tuple[str, int]]:
         with self._lock:
             return {(d.producer, d.seq) for d in self.deliveries}
