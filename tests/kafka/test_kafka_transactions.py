@@ -4,11 +4,14 @@ aborted ones never do, and offsets sent with a transaction commit with it."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 from confluent_kafka import TopicPartition
 
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
+from tests.kafka.raw import RawKafka
+from tests.live_server import LiveServer
 
 READ_COMMITTED = {"isolation.level": "read_committed"}
 
@@ -121,3 +124,55 @@ async def test_aiokafka_transactions(bootstrap: str, topic: str) -> None:
     finally:
         await consumer.stop()
     assert values == [b"kept", b"kept-too"]
+
+
+def _list_latest(client: RawKafka, topic: str, isolation: int) -> int:
+    body = {
+        "replica_id": -1,
+        "isolation_level": isolation,
+        "topics": [{"name": topic, "partitions": [{"partition_index": 0, "timestamp": -1}]}],
+    }
+    return int(client.request(2, 5, body).topics[0].partitions[0].offset)
+
+
+def _fetch_committed(client: RawKafka, topic: str) -> Any:
+    body = {
+        "replica_id": -1,
+        "max_wait": 0,
+        "min_bytes": 0,
+        "max_bytes": 1 << 20,
+        "isolation_level": 1,
+        "topics": [
+            {
+                "topic": topic,
+                "partitions": [{"partition": 0, "fetch_offset": 0, "partition_max_bytes": 1 << 20}],
+            }
+        ],
+    }
+    return client.request(1, 11, body).responses[0].partitions[0]
+
+
+def test_last_stable_offset_and_aborted_ranges_on_the_wire(
+    server: LiveServer, bootstrap: str, topic: str
+) -> None:
+    """Fetch's last_stable_offset and aborted_transactions, and ListOffsets' latest
+    for read_committed (the last stable offset), while a transaction is open and
+    after it aborted."""
+    plain = confluent_producer(bootstrap)
+    plain.produce(topic, value=b"before")  # offset 0
+    assert plain.flush(10) == 0
+    producer = confluent_producer(bootstrap, **{"transactional.id": f"tx-{topic}"})
+    producer.init_transactions(10)
+    producer.begin_transaction()
+    producer.produce(topic, value=b"pending")  # offset 1
+    producer.flush(10)
+    with RawKafka(*server.address("kafka")) as client:
+        assert (_list_latest(client, topic, 0), _list_latest(client, topic, 1)) == (2, 1)
+        open_fetch = _fetch_committed(client, topic)
+        assert (open_fetch.high_watermark, open_fetch.last_stable_offset) == (2, 1)
+        producer.abort_transaction(10)  # its marker at offset 2
+        assert (_list_latest(client, topic, 0), _list_latest(client, topic, 1)) == (3, 3)
+        aborted = _fetch_committed(client, topic)
+    assert (aborted.high_watermark, aborted.last_stable_offset) == (3, 3)
+    [abort] = aborted.aborted_transactions
+    assert abort.producer_id >= 0 and abort.first_offset <= 1

@@ -322,8 +322,15 @@ async def _by_partition(
 
 
 async def list_offsets(session: Session, request: Any, version: int) -> dict[str, Any]:
+    committed_only = getattr(request, "isolation_level", 0) == _READ_COMMITTED
+
     async def answer(queue: QueueRef, p: Any) -> dict[str, Any]:
-        offset = await _offset_at(session, queue, p.timestamp)
+        if committed_only and p.timestamp == _LATEST:
+            # Kafka: a read_committed consumer's end is the last stable offset.
+            latest = (await session.processor.queue_offsets(session.caller, queue)).latest
+            offset = (await partition_transactions(session, queue)).last_stable(latest)
+        else:
+            offset = await _offset_at(session, queue, p.timestamp)
         return {"offset": offset, "timestamp": p.timestamp if p.timestamp >= 0 else -1}
 
     topics = await _by_partition(
