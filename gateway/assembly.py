@@ -17,6 +17,8 @@ every protocol see a :class:`~storage.api.StorageAPI`.
 from __future__ import annotations
 
 import dataclasses
+import os
+import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -39,6 +41,8 @@ from polymq.storage.cluster import ClusterStorage
 from polymq.storage.engine import Engine
 from polymq.storage.memory import MemoryEngine
 from polymq.storage.remote import RemoteStorage
+from polymq.storage.replicated.config import parse_nats_url
+from polymq.storage.replicated.standalone import standalone_engine
 
 __all__ = [
     "SCHEMES",
@@ -48,7 +52,7 @@ __all__ = [
     "storage_url",
 ]
 
-SCHEMES = ("file", "memory", "polymq")
+SCHEMES = ("file", "memory", "polymq", "nats")
 
 
 def protocol_listeners() -> Mapping[str, ListenerFactory]:
@@ -88,6 +92,27 @@ def open_storage(url: str, config: GatewayConfig, clock: Clock) -> StorageAPI:
             raise ConfigError(f"storage URL {url!r} names no nameserver (polymq://host:port,…)")
         return ClusterStorage(
             NameserverClient(nameservers), lambda node: RemoteStorage(node.host, node.port)
+        )
+    if parts.scheme == "nats":
+        servers, options = parse_nats_url(url)
+        if not servers:
+            raise ConfigError(f"storage URL {url!r} names no NATS server (nats://host:port,…)")
+        try:
+            replication = dataclasses.replace(
+                config.replication,
+                nats=servers,
+                replicas=int(options.get("replicas", config.replication.replicas)),
+            )
+        except ValueError as exc:
+            raise ConfigError(f"storage URL {url!r}: {exc}") from exc
+        shard = options.get("shard", "merged")
+        engine = engine_config(config)
+        return standalone_engine(
+            replication,
+            shard,
+            dataclasses.replace(engine, data_dir=Path(engine.data_dir) / shard),
+            owner=options.get("owner", f"{socket.gethostname()}:{os.getpid()}"),
+            clock=clock,
         )
     raise ConfigError(
         f"storage URL {url!r}: unknown scheme {parts.scheme!r} (one of {', '.join(SCHEMES)})"

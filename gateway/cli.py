@@ -230,6 +230,13 @@ def _gateway_flags(parser: argparse.ArgumentParser, *, merged: bool) -> None:
             "--data-dir", type=Path, metavar="DIR", help="storage directory [./data]"
         )
         parser.add_argument(
+            "--storage",
+            metavar="URL",
+            dest="storage_url",
+            help="file:///DIR, memory://, polymq://NAMESERVERS, or nats://HOST:PORT,… "
+            "(the replicated log, docs/replication.md) [file:// over --data-dir]",
+        )
+        parser.add_argument(
             "--durability",
             choices=("sync", "async"),
             help="sync: fsync before acknowledging; async: fsync every flush interval [sync]",
@@ -255,6 +262,7 @@ def _nameserver_flag(parser: argparse.ArgumentParser) -> None:
 # Flag (argparse dest) -> config key, for every command that has the flag.
 _FLAG_KEYS: Mapping[str, str] = {
     "data_dir": "storage.data_dir",
+    "storage_url": "storage.url",
     "durability": "storage.durability",
     "host": "server.host",
     "log_level": "server.log_level",

@@ -17,9 +17,9 @@ log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    """Renews ``lease`` every quarter of its time to live until :meth:`stop`; calls
-    ``on_lost`` once if a renewal is refused or overdue (the owner was stopped, or cut
-    off from NATS for longer than the lease)."""
+    """Renews ``lease`` five times per time to live until :meth:`stop`; calls
+    ``on_lost`` once a renewal is refused (the owner was stopped, or cut off from NATS,
+    for longer than the lease, and the key expired or was taken)."""
 
     def __init__(
         self, store: LeaseStore, lease: Lease, on_lost: Callable[[BaseException], None]
@@ -39,20 +39,21 @@ class LeaseKeeper:
         return not self.lost and self.lease.valid()
 
     async def _renew_loop(self) -> None:
-        interval = self.lease.ttl_s / 4
+        # Overdue by our own clock is not lost: only a refused renewal is (the key
+        # expired on the server, or another node created it). A slow NATS or a busy
+        # loop must not give up a shard nobody else took; a deposed owner cannot write
+        # anyway (the stream fences it) and stops at its first refused renewal.
+        ttl = self.lease.ttl_s
         while True:
-            await asyncio.sleep(interval)
-            if not self.lease.valid():
-                self._lose("its renewal is overdue")
-                return
+            await asyncio.sleep(ttl / 5)
             try:
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(ttl / 2):
                     renewed = await self.store.renew(self.lease)
-            except Exception as exc:  # NATS unreachable right now: retry until overdue
+            except Exception as exc:  # NATS unreachable right now: try again
                 log.warning("shard %s: lease renewal failed: %r", self.lease.shard, exc)
                 continue
             if not renewed:
-                self._lose("another node holds its lease")
+                self._lose("another node holds its lease, or it expired")
                 return
 
     def _lose(self, why: str) -> None:

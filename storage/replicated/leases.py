@@ -9,9 +9,8 @@ owner always has a higher one.
 
 A lease only says who should write; the fence is the stream's expected sequence
 (:mod:`storage.replicated.stream`): an owner that did not notice it lost the lease
-still cannot append once its successor sealed the stream. The owner also stops
-serving on its own once a renewal is overdue, measured on its monotonic clock from
-when the last successful renewal was sent.
+still cannot append once its successor sealed the stream, and it stops serving the
+shard at its first refused renewal.
 """
 
 from __future__ import annotations

@@ -22,6 +22,7 @@ from polymq.storage.replicated.stream import ShardStream
 __all__ = ["Held", "NatsPool", "PoolError"]
 
 log = logging.getLogger(__name__)
+_FIRST_CONNECT_S = 10.0
 
 
 class PoolError(StorageError, code="replication_misconfigured"):
@@ -54,16 +55,25 @@ class NatsPool:
     async def connect(self) -> None:
         servers = self.config.servers()
         try:
-            self._nc = await nats.connect(
-                servers,
-                name=f"polymq {self.owner}",
-                connect_timeout=2,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                reconnect_time_wait=0.25,
-            )
+            # Reconnects never stop once connected; the first connect waits a while
+            # (NATS may be starting beside us), then says what is wrong.
+            async with asyncio.timeout(_FIRST_CONNECT_S):
+                self._nc = await nats.connect(
+                    servers,
+                    name=f"polymq {self.owner}",
+                    connect_timeout=2,
+                    allow_reconnect=True,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=0.25,
+                    error_cb=_log_error,
+                    disconnected_cb=_log_disconnected,
+                    reconnected_cb=_log_reconnected,
+                )
         except Exception as exc:
-            raise PoolError(f"cannot reach NATS at {', '.join(servers)}: {exc!r}") from exc
+            raise PoolError(
+                f"cannot reach NATS at {', '.join(servers)} within {_FIRST_CONNECT_S:.0f} s: "
+                f"{exc!r}"
+            ) from exc
         js = self._nc.jetstream(timeout=5)
         replicas = self.config.replicas
         self._leases = LeaseStore(js, ttl_s=self.config.lease_ms / 1000, replicas=replicas)
@@ -126,3 +136,15 @@ class NatsPool:
                 await nc.drain()
             except Exception:
                 await nc.close()
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("NATS: %r", exc)
+
+
+async def _log_disconnected() -> None:
+    log.warning("NATS: disconnected, reconnecting")
+
+
+async def _log_reconnected() -> None:
+    log.info("NATS: reconnected")

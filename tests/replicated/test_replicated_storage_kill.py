@@ -70,9 +70,10 @@ async def test_mns_queue_survives_the_kill_of_its_shards_process(pool: Replicate
             acknowledged.append(f"m{i}")
         await pool.cluster.kill(victim)
         killed_at = time.monotonic()
-        resumed_at = None
+        resumed_at: float | None = None
         i = 50
         while time.monotonic() - killed_at < 30 and len(acknowledged) < 150:
+            reply: httpx.Response | None
             try:
                 reply = await client.post(
                     f"/queues/{queue}/messages", json={"MessageBody": f"m{i}"}
