@@ -586,9 +586,9 @@ class AmqpConnection:
         try:
             self._vhost = await self._services.get(self._caller)
         except StorageUnavailable as e:
-            # The namespace's definitions live on its home node: while that (or the
-            # node of the vhost's change log) is down, the connection opens anyway and
-            # its channels load the vhost when they first need it (docs/amqp.md).
+            # The namespace's definitions live on its home node: while that is down,
+            # the connection opens anyway and its channels load the vhost when they
+            # first need it.
             log.warning("amqp: vhost '%s' not loaded at connection.open: %s", vhost, e)
         if self._connection_id is not None:
             self._context.connections.identify(

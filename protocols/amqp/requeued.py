@@ -10,8 +10,9 @@ counting it as handed out until it is handed out again, though
 and adds it to the count until one of its own pops takes it again.
 
 Known gap: a message requeued here and taken by another gateway's pop stays counted
-here until it is acked below the queue's consumed prefix (a storage count of the
-messages visible now would close it; docs/amqp.md).
+here until it is acked below the queue's consumed prefix, and one whose lease ran out
+(its gateway died) is not counted until it is taken again; a storage count of the
+handed-out messages visible now would close both.
 """
 
 from __future__ import annotations

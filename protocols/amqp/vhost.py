@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import secrets
+import sys
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
@@ -37,6 +39,7 @@ from polymq.protocols.amqp.definitions import (
     exchange_json,
 )
 from polymq.protocols.amqp.errors import ChannelError, ConnectionError_
+from polymq.protocols.amqp.later import until_stored
 from polymq.protocols.amqp.queue_arguments import check_equivalent, validate_arguments
 from polymq.protocols.amqp.queues import (
     GROUP,
@@ -48,8 +51,13 @@ from polymq.protocols.amqp.queues import (
 )
 from polymq.protocols.amqp.reply_to import ReplyRouter
 from polymq.protocols.amqp.requeued import Requeued
-from polymq.protocols.amqp.routing import EXCHANGE_TYPES, Binding, Exchange
-from polymq.storage.errors import StorageError, TopicAlreadyExists, TopicNotFound
+from polymq.protocols.amqp.routing import DEFAULT_EXCHANGES, EXCHANGE_TYPES, Binding, Exchange
+from polymq.storage.errors import (
+    StorageError,
+    StorageUnavailable,
+    TopicAlreadyExists,
+    TopicNotFound,
+)
 from polymq.storage.model import UNLIMITED, TopicConfig
 
 __all__ = [
@@ -65,6 +73,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _REACH_ATTEMPTS: Final = 100
+_UNANNOUNCED: Final = sys.maxsize  # a consumer's serial until its registration is stored
 
 
 class VirtualHost:
@@ -86,6 +95,7 @@ class VirtualHost:
         self.exchanges: dict[str, Exchange] = self.definitions.exchanges
         self.queues: dict[str, QueueDef] = self.definitions.queues
         self._lock = asyncio.Lock()
+        self._closed = False
         self._chores = Chores(self)
         # Requeued messages: ready, though storage counts them in flight.
         self.requeued = Requeued()
@@ -119,6 +129,7 @@ class VirtualHost:
         await self._chores.reap(caller)
 
     async def close(self) -> None:
+        self._closed = True
         await self.replies.close()
         if self._changes is not None:
             await self._changes.close()
@@ -129,14 +140,61 @@ class VirtualHost:
     async def load(self, caller: Caller) -> None:
         """Read the definitions back, then follow the change log from where it ended
         before reading them; drop what does not outlive its gateway (transient or
-        exclusive queues, transient exchanges, consumers of an earlier run)."""
-        p, defs, gone = self._processor, self.definitions, self._chores.gone
+        exclusive queues, transient exchanges, consumers of an earlier run).
+
+        The definitions need the namespace's home node. The change log and this
+        gateway's reply inbox may sit on other nodes: while one of those is down the
+        vhost serves without it, and takes it up once its node is back (the change
+        log's end first, then the definitions read again, so no change falls in
+        between)."""
+        p = self._processor
         self._caller = caller
         changes = ChangeLog(p, caller, self.membership, self._apply)
-        start = await changes.open()
+        try:
+            start: int | None = await changes.open()
+        except StorageUnavailable as e:
+            log.warning("amqp: vhost %s loads without its change log: %s", self.namespace, e)
+            start = None
         self._changes = changes  # what is dropped here is announced (gateways running on)
         await p.set_group_config(caller, GROUP, GROUP_CONFIG)
-        for name, value in (await p.meta_list(caller, EXCHANGE)).items():
+        await self._read_definitions(caller)
+        if start is None:
+            self._chores.spawn(
+                until_stored(
+                    lambda: self._follow_again(caller, changes),
+                    lambda: not self._closed,
+                    f"the change log of vhost {self.namespace}",
+                )
+            )
+        else:
+            await changes.start(start)
+        try:
+            await self.replies.open(caller)
+        except StorageUnavailable as e:
+            log.warning("amqp: direct reply-to inbox of %s opens later: %s", self.namespace, e)
+            self._chores.spawn(
+                until_stored(
+                    lambda: self.replies.open(caller),
+                    lambda: not self._closed,
+                    f"the reply inbox of vhost {self.namespace}",
+                )
+            )
+        self._chores.start(caller)
+
+    async def _follow_again(self, caller: Caller, changes: ChangeLog) -> None:
+        """The change log is reachable again: tail it from its end, after reading the
+        definitions anew (what changed while it was out of reach)."""
+        start = await changes.open()
+        async with self._lock:  # no declare of this gateway in between
+            await self._read_definitions(caller)
+        await changes.start(start)
+
+    async def _read_definitions(self, caller: Caller) -> None:
+        """Bring the cache to the stored definitions (at load, or again after the
+        change log was out of reach: what is cached already stays as it is)."""
+        p, defs, gone = self._processor, self.definitions, self._chores.gone
+        exchanges = await p.meta_list(caller, EXCHANGE)
+        for name, value in exchanges.items():
             home = str(value.get("home") or "")
             if value["durable"] or (home and not gone(home)):
                 self.exchanges[name] = exchange_from_json(name, value)
@@ -144,41 +202,65 @@ class VirtualHost:
                     defs.exchange_homes[name] = home
             else:
                 await p.meta_delete(caller, EXCHANGE, name)
-                await self._emit(caller, "exchange", name, None)
-        for name, value in (await p.meta_list(caller, QUEUE)).items():
+                await self._emit_dropped(caller, "exchange", name, None)
+        defaults = {e.name for e in DEFAULT_EXCHANGES}
+        for name in [n for n in self.exchanges if n not in exchanges and n not in defaults]:
+            defs.forget_exchange(name)
+        queues = await p.meta_list(caller, QUEUE)
+        for name, value in queues.items():
+            cached = self.queues.get(name)
+            if cached is not None and cached.uid == value.get("uid"):
+                continue
             queue = QueueDef.from_json(name, value)
             lasting = queue.durable and queue.exclusive_owner is None
             if lasting or (queue.home and not gone(queue.home)):
+                if cached is not None:
+                    self._forget_queue(cached)
                 self._add_queue(caller, queue)
                 if queue.view_topic is not None:
                     await p.set_group_config(caller, queue.group, GROUP_CONFIG)
                     await self.resolve_view(caller, queue)
             else:
                 await self._drop_queue_storage(caller, queue)
-                await self._emit(caller, "queue", name, None)
-        for key, value in (await p.meta_list(caller, BINDING)).items():
+                await self._emit_dropped(caller, "queue", name, None)
+        for name in [n for n in self.queues if n not in queues]:
+            self._forget_queue(self.queues[name])
+        bindings = await p.meta_list(caller, BINDING)
+        stored: set[str] = set()
+        for key, value in bindings.items():
             binding = binding_from_json(value)
             target = self.exchanges if binding.to_exchange else self.queues
             if binding.source in self.exchanges and binding.destination in target:
-                defs.add_binding(binding)
+                stored.add(binding.id)
+                if binding.id not in defs.bindings:
+                    defs.add_binding(binding)
             else:
                 await p.meta_delete(caller, BINDING, key)
-                await self._emit(caller, "binding", binding.id, None)
+                await self._emit_dropped(caller, "binding", binding.id, None)
+        for binding_id in [b for b in defs.bindings if b not in stored]:
+            defs.forget_binding(binding_id)
         for consumer_id, value in (await p.meta_list(caller, CONSUMER)).items():
             found = self.queues.get(str(value.get("queue")))
             instance = str(value.get("instance", ""))
             if found is None or gone(instance):
                 await p.meta_delete(caller, CONSUMER, consumer_id)
                 gone_value = {"queue": str(value.get("queue")), "gone": True}
-                await self._emit(caller, "consumer", consumer_id, gone_value)
+                await self._emit_dropped(caller, "consumer", consumer_id, gone_value)
                 continue
-            found.registry[consumer_id] = ConsumerEntry(
-                serial=int(value["serial"]), exclusive=bool(value["exclusive"]), instance=instance
-            )
+            if consumer_id not in found.registry:
+                found.registry[consumer_id] = ConsumerEntry(
+                    serial=int(value["serial"]),
+                    exclusive=bool(value["exclusive"]),
+                    instance=instance,
+                )
             found.ever_consumed = True
-        await changes.start(start)
-        await self.replies.open(caller)
-        self._chores.start(caller)
+        defs.routes_changed()
+
+    async def _emit_dropped(self, caller: Caller, kind: str, name: str, value: Any) -> None:
+        """Announce what loading dropped; with the change log out of reach, the peers
+        see it when they next read the definitions."""
+        with contextlib.suppress(StorageUnavailable):
+            await self._emit(caller, kind, name, value)
 
     # -- the change log --------------------------------------------------------------
 
@@ -574,20 +656,48 @@ class VirtualHost:
         self, caller: Caller, consumer: QueueConsumer, queue: QueueDef
     ) -> None:
         """Register a consumer of this gateway for every gateway to see (exclusive
-        consumers, single-active-consumer's order, auto-delete, consumer counts)."""
+        consumers, single-active-consumer's order, auto-delete, consumer counts).
+        While the storage that takes the registration is unavailable, the consumer
+        consumes here, last in a single-active-consumer line, and is announced once
+        storage is back (:mod:`protocols.amqp.later`)."""
         value = {"queue": queue.name, "exclusive": consumer.exclusive}
         value["instance"] = self.membership.instance
         before = self._last_change
-        offset = await self._emit(caller, "consumer", consumer.id, value)
         queue.registry[consumer.id] = ConsumerEntry(
-            serial=offset, exclusive=consumer.exclusive, instance=self.membership.instance
+            serial=_UNANNOUNCED, exclusive=consumer.exclusive, instance=self.membership.instance
         )
         queue.ever_consumed = True
-        await self._processor.meta_put(caller, CONSUMER, consumer.id, {**value, "serial": offset})
-        await self.settle(before)
+        try:
+            await self._announce_consumer(caller, queue, consumer.id, value)
+        except StorageUnavailable as e:
+            log.warning("amqp: consumer %s announced later: %s", consumer.id, e)
+            self._chores.spawn(
+                until_stored(
+                    lambda: self._announce_consumer(caller, queue, consumer.id, value),
+                    lambda: consumer.id in queue.registry and self.queues.get(queue.name) is queue,
+                    f"consumer {consumer.id}",
+                )
+            )
+        else:
+            await self.settle(before)
         if queue.single_active:
             for local in queue.consumers:
                 local.wake()
+
+    async def _announce_consumer(
+        self, caller: Caller, queue: QueueDef, consumer_id: str, value: dict[str, Any]
+    ) -> None:
+        entry = queue.registry.get(consumer_id)
+        if entry is None:
+            return  # gone meanwhile
+        if entry.serial == _UNANNOUNCED:
+            offset = await self._emit(caller, "consumer", consumer_id, value)
+            entry = dataclasses.replace(entry, serial=offset)
+            if consumer_id in queue.registry:
+                queue.registry[consumer_id] = entry
+        await self._processor.meta_put(
+            caller, CONSUMER, consumer_id, {**value, "serial": entry.serial}
+        )
 
     async def consumer_removed(
         self, caller: Caller, consumer: QueueConsumer, queue: QueueDef
@@ -602,15 +712,34 @@ class VirtualHost:
             self._chores.schedule_expiry(caller, queue)
 
     async def unregister(self, caller: Caller, queue: QueueDef, consumer_id: str) -> None:
-        """A consumer (of any gateway) is gone: every gateway is told, and an
-        auto-delete queue it leaves unused goes."""
+        """A consumer (of any gateway) is gone: every gateway is told (once storage is
+        back, if it is unavailable now), and an auto-delete queue it leaves unused
+        goes."""
         if queue.registry.pop(consumer_id, None) is not None:
-            await self._processor.meta_delete(caller, CONSUMER, consumer_id)
-            await self._emit(caller, "consumer", consumer_id, {"queue": queue.name, "gone": True})
+            try:
+                await self._announce_gone(caller, queue, consumer_id)
+            except StorageUnavailable as e:
+                log.warning(
+                    "amqp: consumer %s's end announced once storage is back: %s", consumer_id, e
+                )
+                self._chores.spawn(
+                    until_stored(
+                        lambda: self._announce_gone(caller, queue, consumer_id),
+                        lambda: consumer_id not in queue.registry,
+                        f"the end of consumer {consumer_id}",
+                    )
+                )
         if queue.single_active:
             for consumer in queue.consumers:  # the next in line may take over
                 consumer.wake()
-        await self._delete_if_unused(queue)
+        try:
+            await self._delete_if_unused(queue)
+        except StorageUnavailable as e:
+            log.warning("amqp: auto-delete queue %s not deleted: %s", queue.name, e)
+
+    async def _announce_gone(self, caller: Caller, queue: QueueDef, consumer_id: str) -> None:
+        await self._processor.meta_delete(caller, CONSUMER, consumer_id)
+        await self._emit(caller, "consumer", consumer_id, {"queue": queue.name, "gone": True})
 
     def _unused_auto_delete(self, queue: QueueDef) -> bool:
         return (

@@ -5,7 +5,9 @@ confirms and consumers on durable queues, one queue on each node.
 Only what needs the dead node fails, with the channel error docs/cluster.md names
 (404, as RabbitMQ answers for a queue whose node is down): the channels publishing to
 and consuming from its queue are closed, while the same connection's channel on the
-other node's queue keeps publishing and consuming. A new connection opens while the
+other node's queue keeps publishing and consuming, and its consumers can be
+cancelled and started anew (their registration for other gateways waits for the
+namespace's home if that is the node that died). A new connection opens while the
 node is down, also when it is the namespace's home (which holds the vhost's
 definitions) and the gateway never loaded the vhost before."""
 
@@ -66,6 +68,7 @@ class _Clients:
         self.got: dict[str, list[int]] = {}
         self.publishers: dict[str, BlockingChannel] = {}
         self.consumers: dict[str, BlockingChannel] = {}
+        self.tags: dict[str, str] = {}
 
     def start(self, queues: Sequence[str]) -> None:
         for queue in queues:
@@ -74,7 +77,7 @@ class _Clients:
             publisher.confirm_delivery()
             consumer = self.connection.channel()
             consumer.basic_qos(prefetch_count=5)
-            consumer.basic_consume(queue, self._on_message(queue))
+            self.tags[queue] = consumer.basic_consume(queue, self._on_message(queue))
             self.publishers[queue], self.consumers[queue] = publisher, consumer
             self.publish(queue, range(10))
         for queue in queues:
@@ -112,6 +115,20 @@ class _Clients:
         _until(lambda: consumer.is_closed, "the dead queue's consumer channel to close", self.pump)
         assert _close_code(consumer) == _NOT_FOUND, getattr(consumer, "_closing_reason", None)
         assert self.connection.is_open
+
+    def replace_consumer(self, queue: str, values: range) -> None:
+        """Cancel the queue's consumer and close its channel, then consume anew on
+        another channel: none of it needs more than the queue's own node."""
+        old = self.consumers[queue]
+        old.basic_cancel(self.tags[queue])
+        old.close()
+        consumer = self.connection.channel()
+        consumer.basic_qos(prefetch_count=5)
+        self.tags[queue] = consumer.basic_consume(queue, self._on_message(queue))
+        self.consumers[queue] = consumer
+        self.publish(queue, values)
+        self.wait_consumed(queue, set(values))
+        consumer.close()
 
 
 async def _routes(cluster: LocalCluster) -> RouteTable:
@@ -176,6 +193,7 @@ async def test_a_dead_storage_node_closes_only_the_channels_that_need_it(
         await asyncio.to_thread(clients.lose, lost)
         await asyncio.to_thread(clients.publish, kept, range(10, 30))
         await asyncio.to_thread(clients.wait_consumed, kept, set(range(30)))
+        await asyncio.to_thread(clients.replace_consumer, kept, range(30, 40))
         await asyncio.to_thread(_fresh_connection, second, kept, victim != "home")
         assert clients.connection.is_open
         await asyncio.to_thread(clients.connection.close)
