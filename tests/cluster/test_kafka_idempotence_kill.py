@@ -9,7 +9,7 @@ batch's records again under new sequence numbers: a second copy no dedup key cat
 visible only as the same record value twice (the (producer id, epoch, sequence)
 triples stay distinct), so both are checked. Each kill hits that window with some
 luck only (the deterministic version is in tests/kafka/test_kafka_gateways.py); a
-dozen kills failed 3 runs in 4 before the fix."""
+dozen kills failed 2 runs in 3 before the fix."""
 
 from __future__ import annotations
 

@@ -309,6 +309,30 @@ def test_a_producer_retries_through_a_storage_outage(two: Gateways) -> None:
     assert got == [b"before", b"during"]
 
 
+def test_an_unanswered_batch_holds_the_next_back_until_its_retry(two: Gateways) -> None:
+    """The answers a producer gets when a stored batch's answer was lost: the batch
+    "may have been written" (REQUEST_TIMED_OUT), the next one a retryable
+    KAFKA_STORAGE_ERROR rather than OUT_OF_ORDER_SEQUENCE_NUMBER, and the retry the
+    first copy's offset."""
+    topic = f"unsettled-{next(_names)}"
+    storage = two.storage[IDS[0]]
+    with RawKafka(*two.address(IDS[0], "kafka")) as client:
+        client.request(3, 12, {"topics": [{"name": topic}], "allow_auto_topic_creation": True})
+        pid = client.request(22, 4, {"transactional_id": None}).producer_id
+        assert _produce(client, topic, _idempotent_batch(pid, 0, 0, 2)).base_offset == 0
+        storage.lost_append_answers = 1
+        lost = _produce(client, topic, _idempotent_batch(pid, 0, 2, 3))
+        behind = _produce(client, topic, _idempotent_batch(pid, 0, 5, 1))
+        retry = _produce(client, topic, _idempotent_batch(pid, 0, 2, 3))
+        after = _produce(client, topic, _idempotent_batch(pid, 0, 5, 1))
+    assert lost.error_code is ErrorCode.request_timed_out
+    assert behind.error_code is ErrorCode.kafka_storage_error
+    assert (retry.error_code, retry.base_offset) == (ErrorCode.none, 2)
+    assert (after.error_code, after.base_offset) == (ErrorCode.none, 5)
+    offsets = two.call(lambda: storage.queue_offsets(QueueRef("default", topic, 0)))
+    assert offsets.latest == 6
+
+
 def test_a_batch_stored_but_unanswered_is_stored_once(two: Gateways) -> None:
     """Issue 22: the storage node stores a batch and dies before answering, with more
     batches of the producer in flight behind it. Those must not get
