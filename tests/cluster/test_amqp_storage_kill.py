@@ -9,7 +9,8 @@ other node's queue keeps publishing and consuming, and its consumers can be
 cancelled and started anew (their registration for other gateways waits for the
 namespace's home if that is the node that died). A new connection opens while the
 node is down, also when it is the namespace's home (which holds the vhost's
-definitions) and the gateway never loaded the vhost before."""
+definitions) and the gateway never loaded the vhost before. Once the node is back,
+its queue works through both gateways again."""
 
 from __future__ import annotations
 
@@ -171,6 +172,50 @@ def _fresh_connection(gateway: Address, kept: str, home_alive: bool) -> None:
         channel.basic_publish("", kept, b"from a new connection")
 
 
+def _succeeds(call: Callable[[], object]) -> bool:
+    """Whether ``call`` got through, or the broker closed its channel with 404 (a
+    gateway learns of a node's return at its next route refresh)."""
+    try:
+        call()
+    except ChannelClosedByBroker as e:
+        assert e.reply_code == _NOT_FOUND, e
+        return False
+    return True
+
+
+def _after_restart(first: Address, second: Address, lost: str) -> None:
+    """The node is back: its queue works through both gateways again, and the second
+    gateway (which may have loaded the vhost without its change log, or not at all)
+    follows what the first declares."""
+    with _connect(first) as one, _connect(second) as two:
+
+        def publish() -> None:
+            channel = two.channel()
+            channel.confirm_delivery()
+            channel.queue_declare(lost, passive=True)
+            channel.basic_publish("", lost, b"after the restart")
+
+        _until(lambda: _succeeds(publish), "the restarted node's queue", lambda: None)
+        late = f"late-{uuid.uuid4().hex[:8]}"
+
+        def declare() -> None:
+            one.channel().queue_declare(late, durable=True)
+
+        def seen() -> None:
+            two.channel().queue_declare(late, passive=True)
+
+        _until(lambda: _succeeds(declare), "a declare on the first gateway", lambda: None)
+        _until(lambda: _succeeds(seen), "the second gateway to see a new queue", lambda: None)
+        got: list[bytes] = []
+
+        def take() -> None:
+            method, _properties, body = one.channel().basic_get(lost, auto_ack=True)
+            if method is not None:
+                got.append(body)
+
+        _until(lambda: b"after the restart" in got, "the message published after it", take)
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("victim", ["other", "home"])
 async def test_a_dead_storage_node_closes_only_the_channels_that_need_it(
@@ -197,5 +242,8 @@ async def test_a_dead_storage_node_closes_only_the_channels_that_need_it(
         await asyncio.to_thread(_fresh_connection, second, kept, victim != "home")
         assert clients.connection.is_open
         await asyncio.to_thread(clients.connection.close)
+
+        await cluster.start(f"storage-{dead.removeprefix('node-')}")
+        await asyncio.to_thread(_after_restart, first, second, lost)
     finally:
         await cluster.stop()
