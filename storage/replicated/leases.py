@@ -103,7 +103,15 @@ class LeaseStore:
         try:
             lease.revision = await self.leases.update(lease.shard, value, last=lease.revision)
         except KeyWrongLastSequenceError:
-            return False
+            # An earlier renewal may have landed with its answer lost (the stream's
+            # leader died): the key then holds our own value, owner and epoch.
+            try:
+                entry = await self.leases.get(lease.shard)
+            except KeyNotFoundError:
+                return False
+            if entry.value != value or entry.revision is None:
+                return False
+            lease.revision = entry.revision
         lease.renewed_at = sent
         return True
 

@@ -5,10 +5,12 @@ short heartbeats, expiries and leases so a death is noticed within seconds."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from polymq.gateway.cluster_tool import LocalCluster, ProcessSpec, layout
 from polymq.storage.replicated.local_nats import LocalNats
@@ -61,15 +63,30 @@ def replicated_env() -> dict[str, str]:
     return env
 
 
-@pytest.fixture
-async def pool(tmp_path: Path) -> AsyncIterator[ReplicatedPool]:
+@asynccontextmanager
+async def running_pool(directory: Path) -> AsyncIterator[ReplicatedPool]:
     """Three NATS servers, three storage processes over three shards, two gateways."""
-    async with LocalNats(tmp_path / "nats", 3) as nats:
-        specs = layout(storage=0, gateways=2, data_dir=tmp_path, port_offset=None)
-        storage = storage_specs(3, 3, nats, tmp_path)
+    async with LocalNats(directory / "nats", 3) as nats:
+        specs = layout(storage=0, gateways=2, data_dir=directory, port_offset=None)
+        storage = storage_specs(3, 3, nats, directory)
         local = LocalCluster([*specs[:2], *storage, *specs[2:]], env=replicated_env())
         try:
             await local.start()
             yield ReplicatedPool(nats, local, [spec.name for spec in storage])
         finally:
             await local.stop()
+
+
+@pytest.fixture
+async def pool(tmp_path: Path) -> AsyncIterator[ReplicatedPool]:
+    async with running_pool(tmp_path) as started:
+        yield started
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def module_pool(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> AsyncIterator[ReplicatedPool]:
+    """One pool for a module's tests (each leaves it whole again: ``healed``)."""
+    async with running_pool(tmp_path_factory.mktemp("pool")) as started:
+        yield started
