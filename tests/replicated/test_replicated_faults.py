@@ -146,7 +146,7 @@ class Queue:
             await asyncio.sleep(0.1)
 
     async def drain(self) -> list[str]:
-        bodies = []
+        bodies: list[str] = []
         while True:
             reply = await self.retried("GET", params={"numOfMessages": 16})
             if reply.status_code == 404:
@@ -215,7 +215,9 @@ async def test_one_nats_server_killed_follower_then_leader(module_pool: Replicat
                 if role == "leader":
                     victim = leader
                 else:
-                    victim = next(r.name for r in info.cluster.replicas or [] if r.name != leader)
+                    victim = next(
+                        str(r.name) for r in info.cluster.replicas or [] if r.name != leader
+                    )
                 index = int(victim.removeprefix("n")) - 1
                 await pool.nats.kill(index)
                 await queue.send_until(30)

@@ -38,7 +38,7 @@ def _command(data_dir: Path, port: int) -> list[str]:
 
 
 def _drain(client: httpx.Client, queue: str) -> list[str]:
-    bodies = []
+    bodies: list[str] = []
     while True:
         reply = client.get(f"/queues/{queue}/messages", params={"numOfMessages": 16})
         if reply.status_code == 404:
@@ -72,7 +72,7 @@ async def test_a_standby_takes_over_a_killed_merged_server(tmp_path: Path) -> No
                         assert reply.status_code == 201, reply.text
                         acknowledged.append(body)
                     # The first ten consumed and deleted: those deletes are acknowledged too.
-                    consumed = []
+                    consumed: list[str] = []
                     while len(consumed) < 10:
                         got = client.get(f"/queues/{queue}/messages", params={"numOfMessages": 1})
                         assert got.status_code == 200, got.text
