@@ -19,7 +19,7 @@ from polymq.storage.clock import ManualClock
 from polymq.storage.engine import Engine, EngineConfig
 from polymq.storage.engine.commit_log import CommitLog
 from polymq.storage.replicated.checkpoints import CheckpointStore
-from polymq.storage.replicated.log import ReplicatedLog
+from polymq.storage.replicated.log import Claim, ReplicatedLog
 from polymq.storage.replicated.stream import ShardStream
 from tests.replicated.nats_server import running_nats_server
 from tests.storage import test_engine as contract
@@ -56,12 +56,13 @@ async def make_engine(
         checkpoints = CheckpointStore(js, replicas=1)
         epoch = next(_epochs)
 
+        async def claim() -> Claim:
+            return Claim(stream=stream, checkpoints=checkpoints, epoch=epoch)
+
         def make_log(directory: Path) -> CommitLog:
             return ReplicatedLog(
                 directory,
-                stream=stream,
-                checkpoints=checkpoints,
-                epoch=epoch,
+                claim=claim,
                 segment_bytes=config.segment_bytes,
                 flush_interval_ms=config.flush_interval_ms,
             )
