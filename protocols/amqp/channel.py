@@ -305,12 +305,7 @@ class Channel:
             await asyncio.gather(self._task, return_exceptions=True)
         consumers = list(self.consumers.values())
         self.consumers.clear()
-        for consumer in consumers:
-            if consumer.task is not None:
-                consumer.task.cancel()
-        for consumer in consumers:
-            if consumer.task is not None:
-                await asyncio.gather(consumer.task, return_exceptions=True)
+        await asyncio.gather(*(consumer.stop() for consumer in consumers))
         if self.reply_token is not None:
             self.conn.vhost.replies.unregister(self.reply_token)
         deliveries = list(self.unacked.values())
@@ -452,9 +447,7 @@ class Channel:
     async def _basic_cancel(self, method: commands.Basic.Cancel) -> None:
         consumer = self.consumers.pop(method.consumer_tag or "", None)
         if consumer is not None:
-            if consumer.task is not None:
-                consumer.task.cancel()
-                await asyncio.gather(consumer.task, return_exceptions=True)
+            await consumer.stop()
             consumer.queue.consumers.discard(consumer)
             await self.conn.vhost.consumer_removed(self.conn.caller, consumer, consumer.queue)
         elif self.reply_token is not None and method.consumer_tag:
@@ -532,17 +525,18 @@ class Channel:
         )
 
     def _give_back(self, group: str, popped: list[StoredMessage]) -> None:
-        processor, caller = self.conn.processor, self.conn.caller
-
-        async def nack_all() -> None:
-            for stored in popped:
-                if stored.receipt is not None:
-                    with contextlib.suppress(StorageError):
-                        await processor.nack(caller, group, stored.receipt)
-                        self.conn.vhost.requeued.given_back(stored)
-
+        """:meth:`give_back` in the background (a cancelled pop cannot wait for it)."""
         if popped:
-            self.conn.spawn(nack_all())
+            self.conn.spawn(self.give_back(group, popped))
+
+    async def give_back(self, group: str, popped: Sequence[StoredMessage]) -> None:
+        """Messages popped and never delivered: ready again at once."""
+        processor, caller = self.conn.processor, self.conn.caller
+        for stored in popped:
+            if stored.receipt is not None:
+                with contextlib.suppress(StorageError):
+                    await processor.nack(caller, group, stored.receipt)
+                    self.conn.vhost.requeued.given_back(stored)
 
     @staticmethod
     def _expired(queue: QueueDef, stored: StoredMessage, now: int) -> bool:

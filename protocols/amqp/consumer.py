@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Final
 from pamqp import commands
 
 from polymq.protocols.amqp import errors
+from polymq.protocols.amqp._state import ChannelState
 from polymq.protocols.amqp.errors import AmqpError, ConnectionError_
 from polymq.protocols.amqp.queues import QueueDef
 from polymq.storage.errors import StorageError, TopicNotFound
@@ -32,6 +33,7 @@ POP_WAIT_MS: Final = 5_000
 POP_BATCH: Final = 250
 UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
 _TOPIC_RETRY_MS: Final = 500  # an x-polymq-topic queue whose topic does not exist yet
+_STOP_WAIT_S: Final = 5.0  # how long a stopping consumer's fetch or delivery may finish
 
 
 @dataclass(slots=True, eq=False)
@@ -63,6 +65,8 @@ class Consumer:
         self.inflight = 0
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._busy = False  # fetching without waiting, or delivering: let it finish
         self.stream_offset: int | None = None  # set for consumers of stream queues
         # Unique across gateways: the connection's key holds its gateway instance.
         self.id = f"{channel.conn.key}/{channel.number}/{tag}"
@@ -78,10 +82,26 @@ class Consumer:
     def wake(self) -> None:
         self.wakeup.set()
 
+    async def stop(self) -> None:
+        """Stop consuming (basic.cancel, the channel closing). A fetch that took
+        messages is let finish instead of being cancelled, so none is lost in flight
+        (invisible, and not counted as ready, until its lease ran out): they are
+        delivered (before cancel-ok, as the spec allows) or, when the channel closes,
+        given back. An idle consumer or a waiting long poll is cancelled (a pop
+        cancelled while it waits has taken nothing)."""
+        self._stopping = True
+        task = self.task
+        if task is None or task.done():
+            return
+        if self._busy:
+            await asyncio.wait({task}, timeout=_STOP_WAIT_S)  # bounded: a stuck drain
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
     async def _run(self) -> None:
         channel = self.channel
         try:
-            while True:
+            while not self._stopping:
                 credit = self.credit()
                 if credit <= 0:
                     self.wakeup.clear()
@@ -106,14 +126,20 @@ class Consumer:
         channel = self.channel
         channel.reserved += credit
         try:
+            self._busy = True
             messages = await self._fetch(credit, 0)
-            if not messages:
+            self._busy = False
+            if not messages and not self._stopping:
                 channel.reserved -= credit - 1
                 credit = 1
                 messages = await self._fetch(1, POP_WAIT_MS)
-            if messages:
+            self._busy = True
+            if messages and self._stopping and channel.state is not ChannelState.OPEN:
+                await channel.give_back(self.queue.group, messages)
+            elif messages:
                 await channel.deliver(self, messages)
         finally:
+            self._busy = False
             channel.reserved -= credit
 
     async def _fetch(self, count: int, wait_ms: int) -> list[StoredMessage]:

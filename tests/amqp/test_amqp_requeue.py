@@ -13,7 +13,9 @@ import signal
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
+import pika
 from pika.adapters.blocking_connection import BlockingChannel
 
 from tests.amqp.conftest import connect, unique, wait_for
@@ -188,3 +190,31 @@ def test_a_requeued_message_taken_again_is_not_counted_twice(server: LiveServer)
         assert _ready(ch, queue) == 2
         assert [b for b, _ in _get_all(ch, queue)] == [1, 2]
         assert _ready(ch, queue) == 0
+
+
+def _cancel_busy_consumer(conn: pika.BlockingConnection, ch: BlockingChannel) -> None:
+    queue = _queue_with(ch, 30)
+    consuming = conn.channel()
+    consuming.basic_qos(prefetch_count=1)
+    acked: list[int] = []
+
+    def on_message(c: BlockingChannel, m: Any, _p: Any, body: bytes) -> None:
+        acked.append(int(body))
+        c.basic_ack(m.delivery_tag)
+
+    tag = consuming.basic_consume(queue, on_message)
+    wait_for(lambda: (conn.process_data_events(time_limit=0.001), len(acked) >= 10)[1])
+    consuming.basic_cancel(tag)
+    consuming.close()
+    assert _ready(ch, queue) == 30 - len(acked)
+    assert sorted(b for b, _ in _get_all(ch, queue)) == sorted(set(range(30)) - set(acked))
+
+
+def test_a_busy_consumer_cancelled_loses_nothing_in_flight(server: LiveServer) -> None:
+    """A consumer acking as it goes is always fetching its next message: cancelled
+    and closed meanwhile, that fetch is let finish, so every unacked message is
+    ready at once (a fetch cancelled halfway left one invisible, and uncounted)."""
+    with connect(server) as conn:
+        ch = conn.channel()
+        for _ in range(5):
+            _cancel_busy_consumer(conn, ch)
