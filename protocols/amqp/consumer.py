@@ -87,8 +87,8 @@ class Consumer:
         messages is let finish instead of being cancelled, so none is lost in flight
         (invisible, and not counted as ready, until its lease ran out): they are
         delivered (before cancel-ok, as the spec allows) or, when the channel closes,
-        given back. An idle consumer or a waiting long poll is cancelled (a pop
-        cancelled while it waits has taken nothing)."""
+        given back. An idle consumer or a long poll is cancelled (a long poll
+        waiting on an empty queue has taken nothing)."""
         self._stopping = True
         task = self.task
         if task is None or task.done():
