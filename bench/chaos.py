@@ -41,11 +41,13 @@ from bench.chaos_checker import Figures, check
 from bench.chaos_client import Context, Worker, join_all
 from bench.chaos_history import History
 from bench.chaos_killer import Kill, KillPlan, Span, kill_loop, victims
+from bench.chaos_ports import fixed_ports
 from bench.chaos_report import print_report, write_histories, write_json
 from polymq.gateway.cluster_tool import LocalCluster, ProcessSpec, layout
 from polymq.gateway.config import ENV_PREFIX
 
 log = logging.getLogger("bench.chaos")
+_AUDIT_CAP_S = 600.0
 
 # As tests/cluster/fast_failure.py: a death is noticed within seconds.
 _FAST_FAILURE = {
@@ -87,13 +89,14 @@ def _layout(args: argparse.Namespace, data_dir: Path) -> list[ProcessSpec]:
     """``replicas`` goes to ``layout()`` only when asked for, so an unreplicated run
     works today and ``--replicas 3`` fails clearly until the layout knows it."""
     extra: dict[str, Any] = {} if args.replicas == 1 else {"replicas": args.replicas}
-    return layout(
+    specs = layout(
         storage=args.storage,
         gateways=args.gateways,
         data_dir=data_dir,
         port_offset=None,
         **extra,
     )
+    return fixed_ports(specs)
 
 
 def _gateways(cluster: LocalCluster) -> dict[str, tuple[tuple[str, int], ...]]:
@@ -192,8 +195,14 @@ def _fresh_consumers(protocol: Protocol, context: Context, seconds: float) -> No
     workers = [w for w in protocol.workers(fresh) if "-consumer" in w.name]
     for worker in workers:
         worker.start()
-    deadline = time.monotonic() + seconds
-    while not missing <= found.delivered_ids() and time.monotonic() < deadline:
+    # Until all is found, or nothing new came for ``seconds`` (a backlog is read to
+    # its end however long it is, up to a cap).
+    cap, quiet_since, count = time.monotonic() + _AUDIT_CAP_S, time.monotonic(), 0
+    while not missing <= found.delivered_ids() and time.monotonic() < cap:
+        if len(found.deliveries) != count:
+            count, quiet_since = len(found.deliveries), time.monotonic()
+        elif time.monotonic() - quiet_since > seconds:
+            break
         time.sleep(0.2)
     stop.set()
     for worker in join_all(workers, 20.0):
@@ -353,7 +362,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--audit-seconds",
         type=float,
         default=40.0,
-        help="a fresh consumer's bounded look for what is still missing [40]",
+        help="a fresh consumer looks for what is missing until this long without news [40]",
     )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--json", type=Path, help="write the figures there")
