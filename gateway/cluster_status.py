@@ -10,7 +10,7 @@ import json
 import os
 import sys
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,14 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> list[str
     return ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
 
 
-def render(routes: RouteTable, gateways: Sequence[dict[str, Any]], now_ms: int) -> str:
-    """The whole report; pure, so it is tested without a cluster."""
+def render(
+    routes: RouteTable,
+    gateways: Sequence[dict[str, Any]],
+    now_ms: int,
+    replicas: Mapping[str, str] | None = None,
+) -> str:
+    """The whole report; pure, so it is tested without a cluster. ``replicas``: the
+    replicated pool's shard streams' health (:func:`storage.replicated.health`)."""
     per_node = Counter(routes.topics.values())
     lines = [f"storage nodes (route version {routes.version}):"]
     lines += _table(
@@ -46,6 +52,22 @@ def render(routes: RouteTable, gateways: Sequence[dict[str, Any]], now_ms: int) 
             for n in sorted(routes.nodes, key=lambda n: n.node_id)
         ),
     )
+    shards = [n for n in routes.nodes if n.owner]
+    if shards:
+        lines += ["", "shards (replicated pool):"]
+        lines += _table(
+            ("shard", "owner", "epoch", "health", "stream replicas"),
+            (
+                (
+                    n.node_id,
+                    n.owner,
+                    n.epoch,
+                    "up" if n.alive else "DOWN",
+                    (replicas or {}).get(n.node_id, "?"),
+                )
+                for n in sorted(shards, key=lambda n: n.node_id)
+            ),
+        )
     lines += ["", "gateways:"]
     lines += _table(
         ("gateway", "zone", "health", "load", "endpoints"),
@@ -168,5 +190,12 @@ async def show(nameserver: str, navigation: str, supervisor: dict[str, Any] | No
             gateways = list(body.get("gateways", body) if isinstance(body, dict) else body)
     except (httpx.HTTPError, ValueError) as e:
         print(f"(navigation {navigation} did not answer: {e})", file=sys.stderr)
-    print(render(routes, gateways, int(time.time() * 1000)))
+    replicas = None
+    nats_servers = (supervisor or {}).get("nats") or []
+    shards = [n.node_id for n in routes.nodes if n.owner]
+    if nats_servers and shards:
+        from polymq.storage.replicated.health import replica_health
+
+        replicas = await replica_health(nats_servers, shards)
+    print(render(routes, gateways, int(time.time() * 1000), replicas))
     return 0

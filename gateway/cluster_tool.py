@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from polymq.gateway.config import LISTENER_NAMES, GatewayConfig
+from polymq.storage.replicated.local_nats import free_ports
 
 __all__ = [
     "STATUS_FILE",
@@ -54,7 +55,9 @@ _READY_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 15.0
 # What the processes log once bound: "listening on HOST:PORT" (nameserver, navigation,
 # storage node) and "listener NAME: HOST:PORT" (a gateway's protocol listeners).
-_LISTENING = re.compile(r"listening on (?:\w+://)?(?P<host>[^\s:/,]+):(?P<port>\d+)")
+_LISTENING = re.compile(
+    r"[Ll]istening (?:for client connections )?on (?:\w+://)?(?P<host>[^\s:/,]+):(?P<port>\d+)"
+)  # ... and nats-server's "Listening for client connections on HOST:PORT"
 _LISTENER = re.compile(r"listener (?P<name>\w+): (?P<host>[^\s:,]+):(?P<port>\d+)")
 _PORT_FLAGS = {"main": "--port", **{n: f"--{n.replace('_', '-')}-port" for n in LISTENER_NAMES}}
 
@@ -78,10 +81,19 @@ def layout(
     port_offset: int | None = 100,
     log_level: str = "info",
     extra_gateway_args: Sequence[str] = (),
+    replicas: int = 1,
+    nats_sync_always: bool = False,
 ) -> list[ProcessSpec]:
     """Who runs where. With ``port_offset``: the nameserver and navigation on their
     default ports, node i on 10911 + 10 i (RocketMQ's habit), gateway i on every
-    default listener port + i * ``port_offset``. With ``None``: every port 0."""
+    default listener port + i * ``port_offset``. With ``None``: every port 0.
+
+    ``replicas`` 3: the replicated pool. Three NATS servers come first (client ports
+    4222 + i, route ports 6222 + i; with ``None`` free ones picked now, as a JetStream
+    cluster needs its routes before it starts), then storage node i prefers shard i
+    of ``storage`` shards, its log in JetStream with 3 copies."""
+    if replicas not in (1, 3):
+        raise ValueError(f"replicas must be 1 or 3, not {replicas}")
     defaults = GatewayConfig()
 
     def port(default: int, i: int, step: int) -> str:
@@ -92,7 +104,14 @@ def layout(
         ProcessSpec("nameserver", ("nameserver", *common, "--port", port(9876, 0, 0))),
         ProcessSpec("navigation", ("navigation", *common, "--port", port(8090, 0, 0))),
     ]
+    replication: tuple[str, ...] = ()
+    if replicas > 1:
+        nats_specs, servers = _nats_servers(replicas, data_dir, host, port_offset, nats_sync_always)
+        specs = nats_specs + specs
+        replication = ("--nats", ",".join(servers), "--replicas", str(replicas))
+        replication += ("--shards", str(storage))
     for i in range(storage):
+        prefer = ("--prefer", f"shard-{i + 1}") if replication else ()
         specs.append(
             ProcessSpec(
                 f"storage-{i + 1}",
@@ -107,6 +126,8 @@ def layout(
                     str(data_dir / f"node-{i + 1}"),
                     "--nameserver",
                     "{nameserver}",
+                    *replication,
+                    *prefer,
                 ),
             )
         )
@@ -134,6 +155,28 @@ def layout(
             )
         )
     return specs
+
+
+def _nats_servers(
+    count: int, data_dir: Path, host: str, port_offset: int | None, sync_always: bool
+) -> tuple[list[ProcessSpec], list[str]]:
+    """The NATS servers' specs and their client addresses."""
+    if port_offset is None:
+        ports = free_ports(2 * count, host)
+        clients, routes = ports[:count], ports[count:]
+    else:
+        clients = [4222 + i for i in range(count)]
+        routes = [6222 + i for i in range(count)]
+    specs = []
+    for i in range(count):
+        others = ",".join(f"{host}:{p}" for j, p in enumerate(routes) if j != i)
+        args = ["nats", "--name", f"n{i + 1}", "--host", host, "--port", str(clients[i])]
+        args += ["--cluster-port", str(routes[i]), "--routes", others]
+        args += ["--store-dir", str(data_dir / f"nats-{i + 1}")]
+        if sync_always:
+            args.append("--sync-always")
+        specs.append(ProcessSpec(f"nats-{i + 1}", tuple(args)))
+    return specs, [f"{host}:{p}" for p in clients]
 
 
 class _Child:
@@ -437,6 +480,13 @@ class Supervisor:
         with contextlib.suppress(KeyError):
             body["nameserver"] = self.cluster.nameserver
             body["navigation"] = self.cluster.navigation
+        body["nats"] = [
+            f"{h}:{p}"
+            for name, child in self.cluster.children.items()
+            if name.startswith("nats-")
+            for h, p in [child.addresses["main"]]
+            if "main" in child.addresses
+        ]
         return body
 
     def write_status(self, *, running: bool = True) -> None:
@@ -504,6 +554,8 @@ def up(args: argparse.Namespace) -> int:
         host=args.host,
         port_offset=args.port_offset or None,  # 0: every port any free one
         log_level=args.log_level,
+        replicas=args.replicas,
+        nats_sync_always=args.nats_sync == "always",
     )
     cluster = LocalCluster(specs, echo=lambda line: print(line, flush=True), keep_lines=1000)
     return asyncio.run(_up(cluster, args.data_dir / STATUS_FILE))

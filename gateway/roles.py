@@ -103,6 +103,7 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
             heartbeat_ms=config.cluster.heartbeat_ms,
             advertised_host=config.cluster.advertised_host or None,
             epoch=epoch,
+            owner=name,
         )
 
     host = ShardHost(

@@ -59,6 +59,8 @@ class _Node:
             topic_count=len(hb.topics),
             last_seen_ms=self.last_seen_ms,
             alive=self.alive,
+            epoch=hb.epoch,
+            owner=hb.owner,
         )
 
 
@@ -99,6 +101,8 @@ def _check_heartbeat(hb: object, last: NodeHeartbeat | None) -> None:
     known = last is not None and last.node_id == hb.node_id and last.topics == hb.topics
     if not known and not _topic_pairs(hb.topics):
         raise InvalidArgument(f"{who}: topics must be (namespace, topic) pairs of strings")
+    if not isinstance(hb.owner, str):
+        raise InvalidArgument(f"{who}: owner must be a string")
     if not isinstance(hb.homes, tuple) or not all(isinstance(h, str) for h in hb.homes):
         raise InvalidArgument(f"{who}: homes must be namespace names")
     for name in ("load", "disk_free_bytes", "started_ms", "epoch"):

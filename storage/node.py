@@ -69,10 +69,13 @@ class StorageNode(Service):
         *,
         advertised_host: str | None = None,
         epoch: int = 0,
+        owner: str = "",
     ) -> None:
         super().__init__()
         self.engine = engine
-        self.epoch = epoch  # the replicated pool's lease epoch (routes.NodeHeartbeat)
+        # The replicated pool's lease epoch and shard owner (routes.NodeHeartbeat).
+        self.epoch = epoch
+        self.owner = owner
         self._node_id = node_id
         self.nameservers = tuple(nameservers)
         self.heartbeat_ms = heartbeat_ms
@@ -192,6 +195,7 @@ class StorageNode(Service):
             disk_free_bytes=_disk_free(Path(self.engine.config.data_dir)),
             started_ms=self._started_ms,
             epoch=self.epoch,
+            owner=self.owner,
         )
 
     def _request_rate(self) -> float:

@@ -38,6 +38,7 @@ class NodeHeartbeat:
     disk_free_bytes: int = 0
     started_ms: int = 0
     epoch: int = 0
+    owner: str = ""  # replicated pool: the storage process serving the shard
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +53,8 @@ class NodeStatus:
     topic_count: int = 0
     last_seen_ms: int = 0
     alive: bool = True
+    epoch: int = 0  # replicated pool: the owner's lease epoch, and the owner
+    owner: str = ""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

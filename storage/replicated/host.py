@@ -63,6 +63,7 @@ class ShardHost(Service):
         self._clock = clock
         self.served: dict[str, _Served] = {}
         self._changed = asyncio.Event()
+        self._foreign_after = 0.0
 
     @property
     def name(self) -> str:
@@ -70,6 +71,9 @@ class ShardHost(Service):
 
     async def start(self) -> None:
         await self.pool.connect()
+        # Others' shards only after a lease time: nodes starting side by side first
+        # announce themselves, so nobody takes a shard only to hand it back at once.
+        self._foreign_after = asyncio.get_running_loop().time() + self.pool.config.lease_ms / 1000
         await self._tick()  # its own shards, before saying it is ready
         self.tasks.spawn(self._loop(), name="polymq-shard-host")
 
@@ -105,7 +109,8 @@ class ShardHost(Service):
             if shard not in self.prefer and shard in preferred_elsewhere:
                 log.info("shard %s: handing it back to the node that prefers it", shard)
                 await self._drop(shard, release=True)
-        order = [*self.prefer, *(s for s in self.shards if s not in self.prefer)]
+        foreign = asyncio.get_running_loop().time() >= self._foreign_after
+        order = [*self.prefer, *(s for s in self.shards if s not in self.prefer and foreign)]
         for shard in order:
             if shard in self.served or (shard not in self.prefer and shard in preferred_elsewhere):
                 continue

@@ -23,6 +23,7 @@ __all__ = ["Held", "NatsPool", "PoolError"]
 
 log = logging.getLogger(__name__)
 _FIRST_CONNECT_S = 10.0
+_JETSTREAM_READY_S = 30.0
 
 
 class PoolError(StorageError, code="replication_misconfigured"):
@@ -78,7 +79,7 @@ class NatsPool:
         replicas = self.config.replicas
         self._leases = LeaseStore(js, ttl_s=self.config.lease_ms / 1000, replicas=replicas)
         try:
-            await self._leases.open()
+            await self._open_buckets()
         except APIError as exc:
             await self.close()
             raise PoolError(
@@ -87,6 +88,29 @@ class NatsPool:
                 "servers with JetStream)"
             ) from exc
         self._checkpoints = CheckpointStore(js, replicas=replicas)
+
+    async def _open_buckets(self) -> None:
+        """Retried while JetStream is not ready yet (a cluster that just started
+        elects its meta leader first); refused placement is an answer, not a wait."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _JETSTREAM_READY_S
+        while True:
+            try:
+                await self.leases.open()
+                return
+            except APIError as exc:
+                text = (exc.description or "").lower()
+                if any(word in text for word in ("replica", "insufficient", "peers")):
+                    raise
+                if loop.time() > deadline:
+                    raise
+                error: Exception = exc
+            except Exception as exc:  # a timeout: no JetStream answer yet
+                if loop.time() > deadline:
+                    raise PoolError(f"JetStream did not answer: {exc!r}") from exc
+                error = exc
+            log.info("waiting for JetStream: %r", error)
+            await asyncio.sleep(0.25)
 
     def stream(self, shard: str) -> ShardStream:
         assert self._nc is not None, "NatsPool.connect() first"

@@ -61,3 +61,43 @@ def test_status_report_names_dead_nodes_and_placement() -> None:
     assert "DOWN" in node_2 and "9.0 s ago" in node_2
     assert any("orders" in line and "node-2" in line for line in lines)
     assert "kafka=h:9092" in text and "gw-1" in text
+
+
+def test_layout_of_the_replicated_pool_starts_nats_first_and_gives_each_node_a_shard(
+    tmp_path: Path,
+) -> None:
+    specs = layout(storage=3, gateways=1, data_dir=tmp_path, replicas=3)
+    names = [spec.name for spec in specs]
+    assert names[:3] == ["nats-1", "nats-2", "nats-3"]
+    nats_ports = [spec.args[spec.args.index("--port") + 1] for spec in specs[:3]]
+    assert nats_ports == ["4222", "4223", "4224"]
+    routes = specs[0].args[specs[0].args.index("--routes") + 1]
+    assert routes == "127.0.0.1:6223,127.0.0.1:6224"  # the others' route ports
+    storage = [spec for spec in specs if spec.name.startswith("storage-")]
+    for i, spec in enumerate(storage, start=1):
+        args = spec.args
+        assert args[args.index("--nats") + 1] == "127.0.0.1:4222,127.0.0.1:4223,127.0.0.1:4224"
+        assert args[args.index("--replicas") + 1] == "3"
+        assert args[args.index("--shards") + 1] == "3"
+        assert args[args.index("--prefer") + 1] == f"shard-{i}"
+    plain = layout(storage=3, gateways=1, data_dir=tmp_path)
+    assert not any(spec.name.startswith("nats") for spec in plain)
+    assert not any("--nats" in spec.args for spec in plain)
+
+
+def test_status_report_shows_shard_owners_epochs_and_replicas() -> None:
+    routes = RouteTable(
+        version=7,
+        nodes=(
+            NodeStatus(node_id="shard-1", host="127.0.0.1", port=1, owner="node-2", epoch=41),
+            NodeStatus(node_id="shard-2", host="127.0.0.1", port=2, owner="node-2", epoch=9),
+        ),
+    )
+    text = render(routes, [], 0, {"shard-1": "leader n2; n1 current, n3 current"})
+    section = text.split("shards (replicated pool):")[1].split("gateways:")[0]
+    assert "shard-1  node-2  41" in section
+    assert "leader n2; n1 current, n3 current" in section
+    assert "shard-2  node-2  9" in section and "?" in section
+    assert "shards (replicated pool)" not in render(
+        RouteTable(version=1, nodes=(NodeStatus(node_id="n", host="h", port=3),)), [], 0
+    )
