@@ -77,11 +77,45 @@ class Repairs:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         # Per source queue, the owed messages not fully copied, in offset order.
         self._by_source: dict[QueueRef, dict[int, _Owed]] = {}
+        self._suspects: set[str] = set()  # queues of a failed append (suspect)
+        self._prober: asyncio.Task[None] | None = None
 
     def busy(self, target: str) -> bool:
-        """Whether copies are still owed to that queue: a publish reaching it is
-        stored owing too, so the copies reach it in publish order."""
-        return target in self._by_target
+        """Whether copies are still owed to that queue, or it was in a failed append
+        and has not answered since: a publish reaching it is stored owing too, so
+        the copies reach it in publish order, and no append that spans its node is
+        tried while the node may be away (one would write the shares of the live
+        nodes, and the publish stored again owing would be there twice)."""
+        return target in self._by_target or target in self._suspects
+
+    def suspect(self, targets: list[str]) -> None:
+        """Queues of a failed append (one of them is on a node that is away): until
+        each answers again (a look at its offsets, every second), publishes reaching
+        it are stored owing."""
+        new = [t for t in targets if t not in self._suspects]
+        self._suspects.update(new)
+        if new and (self._prober is None or self._prober.done()):
+            self._prober = self.core.tasks.spawn(self._probe())
+
+    async def _probe(self) -> None:
+        while self._suspects:
+            await asyncio.sleep(_RETRY_S)
+            suspects = list(self._suspects)
+            for start in range(0, len(suspects), _BATCH):
+                chunk = suspects[start : start + _BATCH]
+                answers = await asyncio.gather(*(self._answers(t) for t in chunk))
+                answered = [t for t, ok in zip(chunk, answers, strict=True) if ok]
+                self._suspects.difference_update(answered)
+
+    async def _answers(self, target: str) -> bool:
+        queue = QueueRef(self.core.namespace, target, 0)
+        try:
+            await self.core.processor.queue_offsets(self.core.caller, queue)
+        except (StorageUnavailable, StorageFailed, StorageClosed):
+            return False
+        except StorageError:
+            return True  # gone, or not known yet: the copies' own retries decide
+        return True
 
     def owe(
         self, source: QueueRef | None, offset: int, message: Message, targets: list[str]

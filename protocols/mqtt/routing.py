@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import replace
 
 from polymq.protocols import interop
@@ -34,6 +35,8 @@ __all__ = ["Router"]
 
 log = logging.getLogger(__name__)
 
+_OWING_LOG_EVERY_S = 10.0
+
 
 class Router:
     """Where a message goes, from the subscription index of one namespace."""
@@ -42,6 +45,7 @@ class Router:
         self.core = core
         self.repairs = repairs
         self.messages_in = 0
+        self._owing_logged = -_OWING_LOG_EVERY_S
 
     async def publish(self, items: list[Outgoing]) -> dict[int, StorageError]:
         """Hand the in-memory deliveries out, then store every item with one append
@@ -86,12 +90,16 @@ class Router:
         return failed
 
     async def _store(self, requests: list[AppendRequest]) -> dict[int, StorageError]:
-        """One append for all, as a rule. When a node some queue is on is down, that
-        append fails whole (before writing, once the node is known down); then each
-        request is stored in its own storage topic alone, marked with the queues it
-        owes a copy to, which the topic's tail hands to :class:`Repairs` (so only a
-        publish whose own topic is on the dead node fails). A request reaching a queue
-        still owed copies goes that way at once, to keep the queue's order."""
+        """One append for all, as a rule. When a node some queue is on is away, that
+        append fails; then each request is stored in its own storage topic alone,
+        marked with the queues it owes a copy to, which the topic's tail hands to
+        :class:`Repairs` (so only a publish whose own topic is on the dead node fails).
+
+        A request reaching a queue still owed copies, or one of a failed append that
+        has not answered since (``Repairs.busy``), goes that way at once: the queue
+        keeps publish order, and no append spanning a dead node is tried again (until
+        storage knows the node is down, such an append writes the live nodes' shares
+        before failing, and the request stored again owing would be there twice)."""
         repairs = self.repairs
         owing = [
             i for i, r in enumerate(requests) if any(repairs.busy(q.topic) for q in r.queues[1:])
@@ -101,7 +109,11 @@ class Router:
             try:
                 await self._append(direct)
             except StorageUnavailable as e:
-                log.info("mqtt: storing %d publishes owing their queue copies: %s", len(direct), e)
+                repairs.suspect([q.topic for r in direct for q in r.queues[1:]])
+                now = time.monotonic()
+                if now - self._owing_logged > _OWING_LOG_EVERY_S:  # once in a while
+                    self._owing_logged = now
+                    log.info("mqtt: publishes stored owing their queue copies: %s", e)
                 owing = list(range(len(requests)))
         return await self._store_owing(requests, owing) if owing else {}
 
