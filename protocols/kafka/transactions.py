@@ -57,3 +57,7 @@ class TransactionState:
 
     def get(self, namespace: str, transactional_id: str) -> Transaction | None:
         return self._transactions.get((namespace, transactional_id))
+
+    def adopt(self, namespace: str, txn: Transaction) -> None:
+        """Take over a transaction another coordinator began (read from storage)."""
+        self._transactions[(namespace, txn.transactional_id)] = txn

@@ -12,7 +12,8 @@ coordinator writes, as storage metadata of the namespace:
   transaction, holding ``[producer id, first offset]``;
 * per transactional id (kind ``kafka.txn_state``), the producer and the partitions of
   its open transaction, so a coordinator that did not see it begin (a restart, another
-  gateway taking the id over) can abort it at InitProducerId.
+  gateway taking the id over when the gateway list changed) can carry it on, or abort
+  it at InitProducerId.
 
 A partition's entries are in one kind, so one ``meta_list`` reads them all. EndTxn
 writes an aborted range before it removes the open entry, so a reader never sees an
@@ -36,9 +37,10 @@ __all__ = [
     "PartitionTransactions",
     "forget_transaction",
     "join_partitions",
-    "left_open",
     "partition_transactions",
+    "save_transaction",
     "settle_partition",
+    "stored_transaction",
 ]
 
 _STATE_KIND = "kafka.txn_state"
@@ -98,7 +100,7 @@ async def join_partitions(session: Session, txn: Transaction, queues: Iterable[Q
         txn.first_offsets[queue] = offsets.latest
 
     await asyncio.gather(*(join(q) for q in new))
-    await _save_state(session, txn)
+    await save_transaction(session, txn)
 
 
 async def settle_partition(
@@ -119,8 +121,9 @@ async def forget_transaction(session: Session, txn: Transaction) -> None:
     await session.processor.meta_delete(session.caller, _STATE_KIND, txn.transactional_id)
 
 
-async def left_open(session: Session, transactional_id: str) -> Transaction | None:
-    """The transaction a transactional id's previous instance left open, as stored."""
+async def stored_transaction(session: Session, transactional_id: str) -> Transaction | None:
+    """A transactional id's producer and open transaction, as its coordinator stored
+    them."""
     state = await session.processor.meta_get(session.caller, _STATE_KIND, transactional_id)
     if not state:
         return None
@@ -132,7 +135,8 @@ async def left_open(session: Session, transactional_id: str) -> Transaction | No
     return txn
 
 
-async def _save_state(session: Session, txn: Transaction) -> None:
+async def save_transaction(session: Session, txn: Transaction) -> None:
+    """Store ``txn``'s producer and partitions (InitProducerId, AddPartitionsToTxn)."""
     state = {
         "producer_id": txn.producer_id,
         "epoch": txn.epoch,

@@ -15,6 +15,8 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from confluent_kafka.admin import AdminClient
+
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
 from polymq.navigation.endpoints import GatewayEndpoint, owner_of
@@ -51,9 +53,19 @@ async def kafka_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     local = LocalCluster(specs, env=cluster_env())
     try:
         await local.start()
+        for gateway in GATEWAYS:
+            await until(lambda g=gateway: _lists_every_gateway(local, g), f"{gateway}'s brokers")
         yield local
     finally:
         await local.stop()
+
+
+async def _lists_every_gateway(cluster: LocalCluster, gateway: str) -> bool:
+    """Whether ``gateway`` knows every gateway yet: until then it takes itself for
+    the owner of every key, and coordinators would move under a test's feet."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(cluster, gateway)})
+    metadata = await asyncio.to_thread(admin.list_topics, timeout=10)
+    return len(metadata.brokers) == len(GATEWAYS)
 
 
 def bootstrap(cluster: LocalCluster, gateway: str = "gateway-1") -> str:

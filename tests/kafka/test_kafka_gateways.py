@@ -6,6 +6,7 @@ right one. Also: storage out of reach answers errors clients retry."""
 from __future__ import annotations
 
 import itertools
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ import pytest
 from confluent_kafka import KafkaError, ShareConsumer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
+from crc32c import crc32c
 from kio.schema.errors import ErrorCode
 
 from polymq.navigation.endpoints import GatewayEndpoint, owner_of
@@ -366,6 +368,69 @@ def test_a_batch_stored_but_unanswered_is_stored_once(two: Gateways) -> None:
     finally:
         consumer.close()
     assert got == [b"before", *(b"r%d" % i for i in range(200))]
+
+
+def _transactional_batch(producer_id: int, epoch: int, sequence: int) -> bytes:
+    batch = bytearray(_idempotent_batch(producer_id, epoch, sequence, 1))
+    struct.pack_into(">h", batch, 21, struct.unpack_from(">h", batch, 21)[0] | 0x10)
+    struct.pack_into(">I", batch, 17, crc32c(bytes(batch[21:])))
+    return bytes(batch)
+
+
+def test_a_transaction_goes_on_at_the_coordinator_taking_its_id_over(two: Gateways) -> None:
+    """A gateway that did not know its peer yet began the transaction (its own view
+    made it the coordinator); once the views agree, the id's real coordinator carries
+    the transaction on from what the first one stored, and commits it."""
+    owner = IDS[1]
+    txn = _key_owned_by(two, owner, "tx-move")
+    topic = f"moved-{next(_names)}"
+    both = two.listed["kafka"]
+    first = next(e for e in both if e.gateway_id == IDS[0])
+    with (
+        RawKafka(*two.address(IDS[0], "kafka")) as early,
+        RawKafka(*two.address(owner, "kafka")) as later,
+    ):
+        early.request(3, 12, {"topics": [{"name": topic}], "allow_auto_topic_creation": True})
+        two.listed["kafka"] = [first]  # IDS[0] sees only itself: it owns every key
+        try:
+            init = early.request(22, 4, {"transactional_id": txn, "transaction_timeout": 60000})
+            assert init.error_code is ErrorCode.none
+            pid, epoch = init.producer_id, init.producer_epoch
+            added = early.request(
+                24,
+                3,
+                {
+                    "v3_and_below_transactional_id": txn,
+                    "v3_and_below_producer_id": pid,
+                    "v3_and_below_producer_epoch": epoch,
+                    "v3_and_below_topics": [{"name": topic, "partitions": [0]}],
+                },
+            )
+            [result] = added.results_by_topic_v3_and_below[0].results_by_partition
+            assert result.partition_error_code is ErrorCode.none
+            produced = _produce(early, topic, _transactional_batch(pid, epoch, 0))
+            assert produced.error_code is ErrorCode.none
+        finally:
+            two.listed["kafka"] = both
+        end = later.request(
+            26,
+            3,
+            {
+                "transactional_id": txn,
+                "producer_id": pid,
+                "producer_epoch": epoch,
+                "committed": True,
+            },
+        )
+        assert end.error_code is ErrorCode.none
+    consumer = confluent_consumer(
+        two.bootstrap(IDS[0]), f"g-{topic}", **{"isolation.level": "read_committed"}
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    try:
+        assert [m.value() for m in confluent_consume(consumer, 1)] == [b"s0"]
+    finally:
+        consumer.close()
 
 
 def test_each_gateway_lists_the_groups_it_coordinates(two: Gateways) -> None:

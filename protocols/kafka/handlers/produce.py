@@ -25,7 +25,7 @@ from polymq.protocols.kafka.records import (
     parse_header,
 )
 from polymq.protocols.kafka.session import Session
-from polymq.protocols.kafka.txn_log import left_open
+from polymq.protocols.kafka.txn_log import save_transaction, stored_transaction
 from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
@@ -226,29 +226,27 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
     """A transactional id keeps its producer id with a new epoch; a transaction the
     previous instance left open is aborted first, as Kafka does."""
     transactional_id = request.transactional_id
-    if transactional_id and not session.owns(transactional_id):
-        return {
-            "throttle_time": 0,
-            "error_code": ErrorCode.not_coordinator,
-            "producer_id": -1,
-            "producer_epoch": -1,
-        }
-    if transactional_id:
-        try:
-            await _abort_left_open(session, transactional_id)
-        except (StorageError, AuthError) as e:
-            return {
-                "throttle_time": 0,
-                "error_code": coordinator_error(e),
-                "producer_id": -1,
-                "producer_epoch": -1,
-            }
-    producer_id, epoch = session.services.producers.init_producer(transactional_id)
-    if transactional_id:
-        session.services.transactions.begin(session.namespace, transactional_id, producer_id, epoch)
+    if not transactional_id:
+        return _producer_answer(ErrorCode.none, *session.services.producers.init_producer(None))
+    if not session.owns(transactional_id):
+        return _producer_answer(ErrorCode.not_coordinator)
+    try:
+        await _abort_left_open(session, transactional_id)
+        producer_id, epoch = session.services.producers.init_producer(transactional_id)
+        transactions = session.services.transactions
+        transactions.begin(session.namespace, transactional_id, producer_id, epoch)
+        txn = transactions.get(session.namespace, transactional_id)
+        assert txn is not None
+        await save_transaction(session, txn)  # for a coordinator taking the id over
+    except (StorageError, AuthError) as e:
+        return _producer_answer(coordinator_error(e))
+    return _producer_answer(ErrorCode.none, producer_id, epoch)
+
+
+def _producer_answer(error: ErrorCode, producer_id: int = -1, epoch: int = -1) -> dict[str, Any]:
     return {
         "throttle_time": 0,
-        "error_code": ErrorCode.none,
+        "error_code": error,
         "producer_id": producer_id,
         "producer_epoch": epoch,
     }
@@ -260,6 +258,6 @@ async def _abort_left_open(session: Session, transactional_id: str) -> None:
     moved here from a gateway that left)."""
     previous = session.services.transactions.get(session.namespace, transactional_id)
     if previous is None:
-        previous = await left_open(session, transactional_id)
+        previous = await stored_transaction(session, transactional_id)
     if previous is not None:
         await end_transaction(session, previous, commit=False)

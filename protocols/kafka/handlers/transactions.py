@@ -23,7 +23,12 @@ from polymq.protocols.kafka.errors import coordinator_error
 from polymq.protocols.kafka.records import BATCH_FORMAT, encode_control_batch
 from polymq.protocols.kafka.session import Session
 from polymq.protocols.kafka.transactions import PendingOffset, Transaction
-from polymq.protocols.kafka.txn_log import forget_transaction, join_partitions, settle_partition
+from polymq.protocols.kafka.txn_log import (
+    forget_transaction,
+    join_partitions,
+    settle_partition,
+    stored_transaction,
+)
 from polymq.storage.errors import StorageError
 from polymq.storage.model import AppendRequest, BatchEntry, QueueRef
 
@@ -38,12 +43,22 @@ __all__ = [
 _PARKED_KIND = "kafka.txn_offsets"
 
 
-def _transaction(
+async def _transaction(
     session: Session, transactional_id: str, producer_id: int, epoch: int
 ) -> tuple[Transaction | None, ErrorCode]:
     if not session.owns(transactional_id):
         return None, ErrorCode.not_coordinator
-    txn = session.services.transactions.get(session.namespace, transactional_id)
+    state = session.services.transactions
+    txn = state.get(session.namespace, transactional_id)
+    if txn is None:
+        # Begun at another coordinator (the gateway list changed since): carry on
+        # from what it stored, as Kafka's coordinators do from the transaction log.
+        try:
+            txn = await stored_transaction(session, transactional_id)
+        except (StorageError, AuthError) as e:
+            return None, coordinator_error(e)
+        if txn is not None and txn.producer_id == producer_id:
+            state.adopt(session.namespace, txn)
     if txn is None or txn.producer_id != producer_id:
         return None, ErrorCode.invalid_producer_id_mapping
     if txn.epoch != epoch:
@@ -52,7 +67,7 @@ def _transaction(
 
 
 async def add_partitions_to_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
-    txn, code = _transaction(
+    txn, code = await _transaction(
         session,
         request.v3_and_below_transactional_id,
         request.v3_and_below_producer_id,
@@ -79,7 +94,7 @@ async def add_partitions_to_txn(session: Session, request: Any, version: int) ->
 
 
 async def add_offsets_to_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
-    _, code = _transaction(
+    _, code = await _transaction(
         session, request.transactional_id, request.producer_id, request.producer_epoch
     )
     return {"throttle_time": 0, "error_code": code}
@@ -91,7 +106,7 @@ async def txn_offset_commit(session: Session, request: Any, version: int) -> dic
     elif not session.owns(request.transactional_id):
         return await _park_offsets(session, request)
     else:
-        txn, code = _transaction(
+        txn, code = await _transaction(
             session, request.transactional_id, request.producer_id, request.producer_epoch
         )
     topics = []
@@ -162,7 +177,7 @@ async def _unpark_offsets(session: Session, txn: Transaction) -> list[PendingOff
 
 
 async def end_txn(session: Session, request: Any, version: int) -> dict[str, Any]:
-    txn, code = _transaction(
+    txn, code = await _transaction(
         session, request.transactional_id, request.producer_id, request.producer_epoch
     )
     if txn is not None:
