@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
@@ -54,7 +55,7 @@ async def kafka_cluster(tmp_path: Path) -> AsyncIterator[LocalCluster]:
     try:
         await local.start()
         for gateway in GATEWAYS:
-            await until(lambda g=gateway: _lists_every_gateway(local, g), f"{gateway}'s brokers")
+            await until(partial(_lists_every_gateway, local, gateway), f"{gateway}'s brokers")
         yield local
     finally:
         await local.stop()
