@@ -141,3 +141,34 @@ def test_an_unreachable_nats_url_is_refused_at_start_up(tmp_path: Path) -> None:
 def test_a_malformed_nats_url_is_a_configuration_error(tmp_path: Path, url: str) -> None:
     output = _start_fails(tmp_path, {"storage.url": url})
     assert "storage URL" in output, output[-2000:]
+
+
+def test_a_storage_process_with_an_unreachable_nats_is_refused_at_start_up(
+    tmp_path: Path,
+) -> None:
+    [port] = free_ports(1)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from polymq.gateway.cli import main; raise SystemExit(main())",
+            "storage",
+            "--port",
+            "0",
+            "--data-dir",
+            str(tmp_path / "node"),
+            "--nats",
+            f"127.0.0.1:{port}",
+            "--replicas",
+            "3",
+            "--prefer",
+            "shard-1",
+        ],
+        cwd=ROOT,
+        env=_env("http", {}),
+        capture_output=True,
+        timeout=60,
+    )
+    output = proc.stderr.decode(errors="replace")
+    assert proc.returncode == 1, output[-2000:]
+    assert f"cannot reach NATS at nats://127.0.0.1:{port}" in output, output[-2000:]
