@@ -12,12 +12,17 @@ Each refresh also dials every peer once (:mod:`navigation.liveness`): a peer who
 listener refuses the connection has died, and is left out of the lists from then
 until it accepts again, instead of until navigation's expiry. Without that, Kafka
 clients told that a killed gateway leads a partition stalled for the whole expiry.
+A handler may also ask for a fresh look (:meth:`NavigationDirectory.check_peers`):
+a Kafka client asks Metadata within milliseconds of losing a gateway, sooner than
+the next refresh, and should hear of the death in that very answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import quote
@@ -67,6 +72,8 @@ class NavigationDirectory(Service):
         self._probe_timeout_s = min(0.5, max(0.1, self._interval_s)) if probe_peers else None
         self._lists: dict[str, tuple[GatewayEndpoint, ...]] = {}
         self._refused: frozenset[str] = frozenset()  # peers whose listener refused
+        self._probed_at = -1e9  # monotonic start of the last round of dials
+        self._probing: asyncio.Future[None] | None = None  # the round in flight
         self._reachable = False
         self._failing = False
         self._http: httpx.AsyncClient | None = None
@@ -163,12 +170,34 @@ class NavigationDirectory(Service):
         self._lists, self._reachable, self._failing = lists, True, False
         await self._probe(lists)
 
-    async def _probe(self, lists: Mapping[str, Sequence[GatewayEndpoint]]) -> None:
+    async def check_peers(self, *, max_age_s: float, timeout_s: float) -> None:
+        """Dial the peers now unless a round began within ``max_age_s`` (callers at the
+        same moment share one round); a peer slower than ``timeout_s`` to answer
+        counts as alive. Never raises: a failed look leaves the lists as they were."""
+        if self._probe_timeout_s is None or not self._reachable:
+            return
+        if self._probing is None:
+            if time.monotonic() - self._probed_at < max_age_s:
+                return
+            self._probing = asyncio.ensure_future(self._probe(self._lists, timeout_s))
+            self._probing.add_done_callback(self._probed)
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._probing)
+
+    def _probed(self, done: asyncio.Future[None]) -> None:
+        self._probing = None
+        if not done.cancelled() and done.exception() is not None:
+            log.error("probing the peer gateways failed", exc_info=done.exception())
+
+    async def _probe(
+        self, lists: Mapping[str, Sequence[GatewayEndpoint]], timeout_s: float | None = None
+    ) -> None:
         """Dial every peer; note which refuse, and log each change once."""
         if self._probe_timeout_s is None:
             return
+        self._probed_at = time.monotonic()
         targets = probe_targets(lists, self._id)
-        refused = frozenset(await refusing(targets, self._probe_timeout_s))
+        refused = frozenset(await refusing(targets, timeout_s or self._probe_timeout_s))
         for peer in sorted(refused - self._refused):
             host, port = targets[peer]
             log.info("gateway %s refuses connections at %s:%d: not offering it", peer, host, port)

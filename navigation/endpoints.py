@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 __all__ = [
+    "CheckedDirectory",
     "GatewayDirectory",
     "GatewayEndpoint",
     "RegisteredDirectory",
@@ -61,6 +62,14 @@ class RegisteredDirectory(GatewayDirectory, Protocol):
     async def start(self) -> None: ...
 
     async def close(self) -> None: ...
+
+
+@runtime_checkable
+class CheckedDirectory(GatewayDirectory, Protocol):
+    """A directory that can look at its peers now rather than at its next refresh
+    (:meth:`navigation.directory.NavigationDirectory.check_peers`)."""
+
+    async def check_peers(self, *, max_age_s: float, timeout_s: float) -> None: ...
 
 
 class SingleGateway:

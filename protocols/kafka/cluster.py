@@ -11,18 +11,30 @@ the client looks its coordinator up again (after the directory changed, say).
 
 Partition leaders are spread the same way (``"<topic>/<partition>"``), so a client's
 produce and fetch load spreads over the gateways; any gateway would serve them.
+
+A gateway that leaves the directory (it died, or stopped) stays in the brokers list
+of Metadata for a few seconds more, leading nothing (:class:`DepartedBrokers`): the
+client then moves its partitions to their new leaders while it still knows the old
+broker. Dropping the broker in the same answer that moves its partitions makes
+librdkafka decommission it, and the decommissioning undoes the move it raced with:
+the partitions wait for the client's next re-query, a second later (measured).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint, owner_of
 
-__all__ = ["ClusterView", "Node", "cluster_view"]
+__all__ = ["ClusterView", "DepartedBrokers", "Node", "cluster_view"]
 
 PROTOCOL = "kafka"
+# Long enough for a producing client to re-query (librdkafka asks within 100 ms of a
+# lost connection, and every second while a partition has no leader), short enough
+# that clients do not try a dead address for long.
+DEPARTED_LINGER_S = 5.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +55,13 @@ class ClusterView:
     all: Sequence[Node]
     me: Node
     endpoints: Sequence[GatewayEndpoint]
+    # Gateways that left the directory moments ago: listed as brokers, owning nothing.
+    departed: Sequence[Node] = ()
+
+    @property
+    def listed(self) -> Sequence[Node]:
+        """The brokers a Metadata answer names: the live ones, then the departed."""
+        return (*self.all, *self.departed)
 
     def owner(self, key: str) -> Node:
         """The gateway responsible for ``key`` (a group, a transactional id, a
@@ -63,7 +82,35 @@ class ClusterView:
         return self.owner(f"{topic}/{partition}")
 
 
-def cluster_view(directory: GatewayDirectory, advertised: tuple[str, int]) -> ClusterView:
+@dataclass
+class DepartedBrokers:
+    """The gateways that left the directory since the last view, each listed for
+    ``linger_s`` from the view that first missed it (one per Kafka listener)."""
+
+    linger_s: float = DEPARTED_LINGER_S
+    clock: Callable[[], float] = time.monotonic
+    _live: dict[str, GatewayEndpoint] = field(default_factory=dict)
+    _gone: dict[str, tuple[GatewayEndpoint, float]] = field(default_factory=dict)
+
+    def note(self, live: Sequence[GatewayEndpoint]) -> list[GatewayEndpoint]:
+        """Take ``live`` as the gateways now; those departed within ``linger_s``."""
+        now = self.clock()
+        current = {e.gateway_id: e for e in live}
+        for gateway_id, endpoint in self._live.items():
+            if gateway_id not in current:
+                self._gone.setdefault(gateway_id, (endpoint, now))
+        self._live = current
+        for gateway_id, (_, since) in list(self._gone.items()):
+            if gateway_id in current or now - since > self.linger_s:
+                del self._gone[gateway_id]
+        return [endpoint for _, (endpoint, _) in sorted(self._gone.items())]
+
+
+def cluster_view(
+    directory: GatewayDirectory,
+    advertised: tuple[str, int],
+    departed: DepartedBrokers | None = None,
+) -> ClusterView:
     """Kafka's view of ``directory``. An endpoint with an empty host is reached at the
     host this client reached us on (the merged form does not know its public name).
     This gateway is always listed: at the address the client used if the directory
@@ -73,9 +120,11 @@ def cluster_view(directory: GatewayDirectory, advertised: tuple[str, int]) -> Cl
     me_listed = any(e.gateway_id == directory.self_id for e in endpoints)
     if not me_listed:
         endpoints.append(GatewayEndpoint(gateway_id=directory.self_id, host=host, port=port))
-    brokers = [
-        Node(node_id=e.broker_id, host=e.host or host, port=e.port, gateway_id=e.gateway_id)
-        for e in endpoints
-    ]
+
+    def node(e: GatewayEndpoint) -> Node:
+        return Node(node_id=e.broker_id, host=e.host or host, port=e.port, gateway_id=e.gateway_id)
+
+    brokers = [node(e) for e in endpoints]
     me = next(b for b in brokers if b.gateway_id == directory.self_id)
-    return ClusterView(all=brokers, me=me, endpoints=endpoints)
+    gone = departed.note(endpoints) if departed is not None else ()
+    return ClusterView(all=brokers, me=me, endpoints=endpoints, departed=[node(e) for e in gone])

@@ -15,7 +15,7 @@ from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller, Processor
 from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint
 from polymq.protocols.kafka._state import AuthState
-from polymq.protocols.kafka.cluster import ClusterView, cluster_view
+from polymq.protocols.kafka.cluster import ClusterView, DepartedBrokers, cluster_view
 from polymq.protocols.kafka.compaction import Compactor
 from polymq.protocols.kafka.consumer_groups import ConsumerGroups
 from polymq.protocols.kafka.coordinator import GroupCoordinator
@@ -70,6 +70,7 @@ class KafkaServices:
         self.consumer_groups = ConsumerGroups()
         self.share_groups = ShareGroups()
         self.topic_names: dict[uuid.UUID, str] = {}  # topic id -> name (a cache)
+        self.departed = DepartedBrokers()  # gateways that just left the directory
 
     async def close(self) -> None:
         await self.coordinator.close()
@@ -100,7 +101,7 @@ class Session:
     def cluster(self) -> ClusterView:
         """The gateways as Kafka brokers, for this client (read per request: the
         directory is a cache that changes as gateways come and go)."""
-        return cluster_view(self.services.directory, self.advertised)
+        return cluster_view(self.services.directory, self.advertised, self.services.departed)
 
     def owns(self, key: str) -> bool:
         """Whether this gateway coordinates ``key`` (a group or transactional id)."""

@@ -4,10 +4,11 @@ the other one costs, not navigation's whole gateway expiry.
 Before: the live gateway went on naming the dead one as the partition's leader in
 Metadata until navigation expired it, so the producer waited for the dead gateway
 (4-6 s in the kill loop of issue 22, with the 2 s test expiry; the whole 10 s default
-here). Now a gateway dials its peers at every refresh and stops offering one that
-refuses connections (navigation/liveness.py), so the leadership moves within a
-refresh and what is left is the client's own re-query (librdkafka asks again for
-unavailable partitions once a second).
+here). Now a gateway dials its peers at every refresh and when a client asks
+Metadata (which a client does within milliseconds of losing a broker), leaves out
+one that refuses connections (navigation/liveness.py), and keeps a departed gateway
+in the brokers list for a few seconds, leading nothing, so librdkafka moves the
+partition at once instead of a second later (protocols/kafka/cluster.py).
 
 The expiry is the default 10 s, not the test env's 2 s, so that the old behaviour
 cannot pass by luck; only an ordering with a wide margin is asserted, never a time.
@@ -31,6 +32,7 @@ from confluent_kafka.cimpl import NewTopic
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.gateway.config import ENV_PREFIX
 from polymq.navigation.endpoints import GatewayEndpoint, owner_of
+from polymq.protocols.kafka.cluster import DepartedBrokers
 from tests.cluster.fast_failure import cluster_env
 
 _TIMEOUT_S = 90.0
@@ -158,3 +160,20 @@ async def test_killing_the_leader_costs_about_what_killing_the_other_does(
         f"killing the leader stalled the producer {leader_gap:.2f} s, "
         f"killing the other gateway {other_gap:.2f} s"
     )
+
+
+def test_a_departed_gateway_is_listed_for_a_while_from_the_view_that_missed_it() -> None:
+    now = [100.0]
+    departed = DepartedBrokers(linger_s=5.0, clock=lambda: now[0])
+    one, two = (GatewayEndpoint(gateway_id=g, host="h", port=1) for g in ("g1", "g2"))
+    assert departed.note([one, two]) == []
+    now[0] = 500.0  # no view for minutes, then g2 is gone: listed from now on
+    assert departed.note([one]) == [two]
+    now[0] = 504.0
+    assert departed.note([one]) == [two]
+    now[0] = 505.5
+    assert departed.note([one]) == []
+    assert departed.note([one, two]) == []  # back: live, not departed
+    now[0] = 506.0
+    assert departed.note([two]) == [one]
+    assert departed.note([one, two]) == []

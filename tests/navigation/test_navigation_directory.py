@@ -225,3 +225,42 @@ def test_one_listener_per_peer_is_dialled() -> None:
     }
     # kafka first, then amqp, then the rest; never this gateway, never an empty host
     assert probe_targets(lists, "me") == {"a": ("h", 7), "b": ("h", 5), "c": ("h", 3)}
+
+
+async def test_a_fresh_look_drops_a_refusing_peer_before_the_next_refresh(
+    navigation: NavigationServer,
+) -> None:
+    """``check_peers``: what a Kafka Metadata request asks for, since a client asks
+    it right after losing a gateway (the refresh here is a minute away)."""
+    mine, theirs = await _listening(), await _listening()
+    ports = [s.sockets[0].getsockname()[1] for s in (mine, theirs)]
+    one, two = (
+        NavigationDirectory(
+            navigation.url,
+            gateway_id=gateway_id,
+            zone="z",
+            endpoints=listeners(gateway_id, kafka=port),
+            heartbeat_ms=60_000,
+        )
+        for gateway_id, port in zip(("g-one", "g-two"), ports, strict=True)
+    )
+    try:
+        async with started(two, one):  # one registers last: it saw two at start
+            assert ids(one, "kafka") == ["g-one", "g-two"]
+            theirs.close()
+            await theirs.wait_closed()
+            await one.check_peers(max_age_s=60.0, timeout_s=1.0)  # the start's look is fresh
+            assert ids(one, "kafka") == ["g-one", "g-two"]
+            await one.check_peers(max_age_s=0.0, timeout_s=1.0)
+            assert ids(one, "kafka") == ["g-one"]
+            await asyncio.gather(  # several callers at once (they share one round)
+                *(one.check_peers(max_age_s=0.0, timeout_s=1.0) for _ in range(5))
+            )
+            assert ids(one, "kafka") == ["g-one"]
+            theirs = await _listening(ports[1])
+            await one.check_peers(max_age_s=0.0, timeout_s=1.0)
+            assert ids(one, "kafka") == ["g-one", "g-two"]
+    finally:
+        for server in (mine, theirs):
+            server.close()
+            await server.wait_closed()

@@ -12,6 +12,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
+from polymq.navigation.endpoints import CheckedDirectory
 from polymq.protocols.kafka.cluster import ClusterView
 from polymq.protocols.kafka.errors import error_code
 from polymq.protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
@@ -35,6 +36,10 @@ __all__ = [
     "topic_partitions",
 ]
 
+# A round of dials this recent is fresh enough; a peer slower than this to accept is
+# taken as alive (navigation's expiry judges it), so a Metadata answer waits no longer.
+_PEER_CHECK_AGE_S = 0.05
+_PEER_CHECK_TIMEOUT_S = 0.1
 _TOPIC_IDS = uuid.UUID("6f1b8a52-4d0e-4c8e-9a57-2f4c1f0b7d11")
 CLUSTER_ID = "polymq"
 
@@ -65,9 +70,11 @@ async def api_versions(session: Session, request: Any, version: int) -> dict[str
 
 
 def _brokers(cluster: ClusterView) -> list[dict[str, Any]]:
+    """The live gateways, and for a few seconds those that just left, leading nothing
+    (protocols/kafka/cluster.py says why)."""
     return [
         {"node_id": node.node_id, "host": node.host, "port": node.port, "rack": None}
-        for node in cluster.all
+        for node in cluster.listed
     ]
 
 
@@ -158,6 +165,12 @@ async def _describe_or_create(
 
 
 async def metadata(session: Session, request: Any, version: int) -> dict[str, Any]:
+    """A client asks Metadata right after it lost a gateway: the peers are dialled
+    first (one round shared by the requests of a moment), so a dead leader is moved
+    in this answer, not in one the client asks for a second later."""
+    directory = session.services.directory
+    if isinstance(directory, CheckedDirectory):
+        await directory.check_peers(max_age_s=_PEER_CHECK_AGE_S, timeout_s=_PEER_CHECK_TIMEOUT_S)
     cluster = session.cluster
     requested = request.topics
     if requested is not None and version == 0 and not requested:
