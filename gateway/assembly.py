@@ -17,7 +17,9 @@ every protocol see a :class:`~storage.api.StorageAPI`.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
+import signal
 import socket
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -51,6 +53,8 @@ __all__ = [
     "protocol_listeners",
     "storage_url",
 ]
+
+log = logging.getLogger(__name__)
 
 SCHEMES = ("file", "memory", "polymq", "nats")
 
@@ -113,10 +117,18 @@ def open_storage(url: str, config: GatewayConfig, clock: Clock) -> StorageAPI:
             dataclasses.replace(engine, data_dir=Path(engine.data_dir) / shard),
             owner=options.get("owner", f"{socket.gethostname()}:{os.getpid()}"),
             clock=clock,
+            on_lost=_stop_this_process,
         )
     raise ConfigError(
         f"storage URL {url!r}: unknown scheme {parts.scheme!r} (one of {', '.join(SCHEMES)})"
     )
+
+
+def _stop_this_process(error: BaseException) -> None:
+    """A merged server whose shard went to another server stops (fail-stop, as after
+    a disk error): a standby serves, and a supervisor restarts this one as a standby."""
+    log.critical("stopping: %s", error)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def build_gateway(

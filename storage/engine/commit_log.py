@@ -200,6 +200,11 @@ class CommitLog:
     def durable_end(self) -> int:
         return self._durable_end
 
+    @property
+    def failed(self) -> bool:
+        """Stopped after a write error (or, replicated, a lost shard): no more writes."""
+        return self._failure is not None
+
     # -- appending ----------------------------------------------------------------
 
     # -- the hooks of a replicated log (storage.replicated.log), no-ops here --------

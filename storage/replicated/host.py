@@ -101,6 +101,9 @@ class ShardHost(Service):
         for shard, served in list(self.served.items()):
             if served.held.keeper.lost:
                 await self._drop(shard, release=False)
+            elif served.log.failed:  # JetStream refused or failed a write: start over
+                log.warning("shard %s: its log stopped; taking it again from the stream", shard)
+                await self._drop(shard, release=True)
         preferences = await leases.preferences()
         preferred_elsewhere = {
             shard for node, shards in preferences.items() if node != self.name for shard in shards

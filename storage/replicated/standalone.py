@@ -5,6 +5,7 @@ with the same URL waits in :meth:`Engine.start` as a standby until the lease is 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from polymq.storage.clock import Clock
@@ -24,9 +25,11 @@ def standalone_engine(
     *,
     owner: str,
     clock: Clock | None = None,
+    on_lost: Callable[[BaseException], None] | None = None,
 ) -> Engine:
     """An engine (not started) whose log is ``shard``'s stream; ``config.data_dir`` is
-    only its local cache."""
+    only its local cache. ``on_lost`` runs once the lease is lost (the server then
+    has nothing left to serve: the composition root stops it)."""
     pool = NatsPool(replication, owner)
     held: list[Held] = []
     logs: list[ReplicatedLog] = []
@@ -34,7 +37,13 @@ def standalone_engine(
     async def claim() -> Claim:
         await pool.connect()
         taken = await pool.wait_claim(shard)
-        taken.keeper.on_lost = logs[0].lose
+
+        def lost(error: BaseException) -> None:
+            logs[0].lose(error)
+            if on_lost is not None:
+                on_lost(error)
+
+        taken.keeper.on_lost = lost
         taken.keeper.start()
         held.append(taken)
         return taken.claim
