@@ -20,7 +20,7 @@ import pytest
 
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
-from polymq.protocols.mqtt.model import SESSION_PREFIX
+from polymq.protocols.mqtt.model import SESSION_PREFIX, SHARED_PREFIX, queue_topic
 from polymq.protocols.mqtt.peers import EVENTS_TOPIC
 from polymq.storage.errors import StorageUnavailable
 from polymq.storage.routes import RouteTable
@@ -141,6 +141,42 @@ def _clean_clients_meet(subscribers: int, publishers: int, topic: str) -> set[by
     for client in (subscriber, *clients):
         assert client.disconnects == [], f"{client.client_id} was disconnected"
         client.disconnect()
+    return acked
+
+
+async def test_a_sessions_shared_queue_on_a_live_node_keeps_delivering(tmp_path: Path) -> None:
+    """A persistent subscriber whose own queue is on node A and whose shared group's
+    queue is on node B: with A down, what the group gets still reaches it."""
+    async with _cluster(tmp_path, 1) as cluster:
+        port = cluster.address("gateway-1", "mqtt")[1]
+        setup = await asyncio.to_thread(_placed, cluster, port, port)
+        shared = await asyncio.to_thread(_shared_group_on_b, cluster, setup)
+        await cluster.kill(setup.storage_a)
+        sent = await asyncio.to_thread(_publish_to, setup, f"{setup.topic}/shared", _DURING)
+        await asyncio.to_thread(_received_by, setup.on_a, sent, f"A's subscriber via {shared}")
+        setup.close()
+
+
+def _shared_group_on_b(cluster: LocalCluster, setup: _Setup) -> str:
+    node_b = _node_of(cluster, setup.topic)[0]
+    for _ in range(40):
+        shared = f"$share/g{uuid.uuid4().hex[:6]}/{setup.topic}/shared"
+        assert setup.on_a.subscribe(shared, qos=1) == [1]
+        if _node_of(cluster, queue_topic(SHARED_PREFIX, shared.removeprefix("$share/")))[0] == (
+            node_b
+        ):
+            return shared
+        setup.on_a.client.unsubscribe(shared)
+    raise AssertionError("no shared queue placed on node B")
+
+
+def _publish_to(setup: _Setup, topic: str, count: int) -> set[bytes]:
+    acked = set()
+    publisher = setup.publishers[0]
+    for i in range(count):
+        payload = f"{topic}-{i}".encode()
+        assert publisher.publish(topic, payload, qos=1) == 0
+        acked.add(payload)
     return acked
 
 
