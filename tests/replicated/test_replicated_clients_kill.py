@@ -27,7 +27,7 @@ import re
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -36,15 +36,13 @@ from confluent_kafka.admin import AdminClient
 from confluent_kafka.cimpl import NewTopic
 from mns.queue import QueueMeta
 
-from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
 from polymq.protocols.amqp.queues import TOPIC_PREFIX as AMQP_PREFIX
-from polymq.storage.replicated.local_nats import LocalNats
 from polymq.storage.routes import RouteTable
 from tests.mqtt.helpers import Paho
 from tests.replicated import clients
 from tests.replicated.clients import Ack, MessageId, Producer, Taken, parse
-from tests.replicated.conftest import ReplicatedPool, replicated_env, storage_specs
+from tests.replicated.conftest import ReplicatedPool
 
 ONE_FORM = True
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.timeout(420)]
@@ -56,22 +54,6 @@ TAKEN = 10  # taken and acked by each consumer before the kill
 AFTER = 30  # acknowledged by each producer after the kill, and after the hand-back
 WAIT_S = 90.0
 _SERVING = re.compile(r"shard (?P<shard>\S+): serving it \(epoch \d+\) at \S+:(?P<port>\d+)")
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def pool(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ReplicatedPool]:
-    """The conftest's pool (three NATS servers, three storage processes over three
-    shards, two gateways), once for the module."""
-    tmp_path = tmp_path_factory.mktemp("replicated")
-    async with LocalNats(tmp_path / "nats", 3) as nats:
-        specs = layout(storage=0, gateways=2, data_dir=tmp_path, port_offset=None)
-        storage = storage_specs(3, 3, nats, tmp_path)
-        local = LocalCluster([*specs[:2], *storage, *specs[2:]], env=replicated_env())
-        try:
-            await local.start()
-            yield ReplicatedPool(nats, local, [spec.name for spec in storage])
-        finally:
-            await local.stop()
 
 
 # -- the pool: routes and who serves a shard -------------------------------------------
@@ -163,7 +145,7 @@ def _make_mqtt(at: Gateways, name: str) -> None:
 
 
 def _make_rocketmq(at: Gateways, name: str) -> None:
-    """A RocketMQ topic comes with its first message."""
+    """A RocketMQ topic comes with its first message (FIFO: the topic is FIFO then)."""
     producer = clients.RocketProducer("probe", 1.0, at.producing["rocketmq"], name)
     producer.open()
     try:
@@ -220,8 +202,8 @@ class Side:
     """One protocol's producers and what its consumer got before and after."""
 
     producers: list[Producer]
-    before: Taken = field(default_factory=Taken)
-    after: Taken = field(default_factory=Taken)
+    before: Taken = field(default_factory=Taken, repr=False)
+    after: Taken = field(default_factory=Taken, repr=False)
 
 
 @dataclass
@@ -232,11 +214,12 @@ class Story:
     killed_at: float = 0.0
     restarted_at: float = 0.0
     handed_back_at: float = 0.0
-    sides: dict[str, Side] = field(default_factory=dict)
+    sides: dict[str, Side] = field(default_factory=dict, repr=False)
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def story(pool: ReplicatedPool) -> Story:
+async def story(module_pool: ReplicatedPool) -> Story:
+    pool = module_pool
     began = time.monotonic()
     for i in (1, 2, 3):  # at start a process may hold another's shard for a moment
 
@@ -357,6 +340,9 @@ async def story(pool: ReplicatedPool) -> Story:
         )
     finally:
         await asyncio.to_thread(rocket.shutdown)
+    table = await routes(pool)
+    sessions = {t: n for (_, t), n in table.topics.items() if t.startswith("$mqtt.session")}
+    print(f"\nMQTT session queues: {sessions}; home {table.homes}")
     report(story)
     return story
 
@@ -409,7 +395,9 @@ def report(story: Story) -> None:
 
 def check(side: Side) -> dict[str, int]:
     """Every acknowledged message consumed, byte for byte, in order per queue, and
-    no acknowledged ack undone; returns the redeliveries per producer."""
+    no acknowledged ack undone; returns the redeliveries per producer. A copy the
+    consumer's client marks redelivered (DUP, redelivered, a later attempt) may come
+    out of order: what was in flight when a consumer left is handed out again."""
     deliveries = side.before.deliveries + side.after.deliveries
     ids = [parse(d.raw) for d in deliveries]
     assert None not in ids, [d.raw[:40] for d, i in zip(deliveries, ids, strict=True) if i is None]
@@ -424,13 +412,17 @@ def check(side: Side) -> dict[str, int]:
         lost = sorted(seq for _, seq in mine - set(seen))
         assert not lost, f"{producer.tag}: {len(lost)} acknowledged, never consumed: {lost}"
         order: dict[str, list[int]] = {}
-        for message_id in dict.fromkeys(i for i in ids if i in mine):  # first copies
-            assert message_id is not None
-            order.setdefault(acks[message_id[1]].queue, []).append(message_id[1])
+        first = {}
+        for message_id, delivery in zip(ids, deliveries, strict=True):
+            if message_id in mine and message_id not in first:
+                first[message_id] = delivery
+                if not delivery.redelivered:
+                    order.setdefault(acks[message_id[1]].queue, []).append(message_id[1])
         for queue, seqs in order.items():
             late = [(a, b) for a, b in itertools.pairwise(seqs) if b < a]
             assert not late, f"{producer.tag} {queue}: out of order {late[:5]}"
         redelivered[producer.tag] = sum(n - 1 for i, n in seen.items() if i in mine)
+        redelivered[producer.tag] += sum(1 for i, d in first.items() if d.redelivered)
     return redelivered
 
 
@@ -443,3 +435,30 @@ async def test_the_shard_is_taken_over_and_handed_back(story: Story) -> None:
 async def test_nothing_acknowledged_is_lost_or_undone(story: Story, protocol: str) -> None:
     redelivered = check(story.sides[protocol])
     print(f"\n{protocol}: redelivered {redelivered}")
+
+
+async def test_the_checks_catch_a_loss_a_reordering_an_undone_ack_and_a_changed_byte(
+    story: Story,
+) -> None:
+    """The checks are not vacuous: the AMQP side's real deliveries, each spoiled once."""
+    side = story.sides["amqp"]
+    after = side.after.deliveries
+    acked = {(p.tag, a.seq) for p in side.producers for a in p.acked()}
+    i = next(
+        n for n, d in enumerate(after) if parse(d.raw) in acked and parse(after[n + 1].raw) in acked
+    )
+    one = parse(after[i].raw)
+
+    def spoiled(deliveries: list[clients.Delivery]) -> Side:
+        return Side(side.producers, side.before, Taken(deliveries, set()))
+
+    with pytest.raises(AssertionError, match="never consumed"):
+        check(spoiled([d for d in after if parse(d.raw) != one]))
+    with pytest.raises(AssertionError, match="out of order"):
+        check(spoiled([*after[:i], after[i + 1], after[i], *after[i + 2 :]]))
+    again = next(d for d in side.before.deliveries if parse(d.raw) in side.before.acked)
+    with pytest.raises(AssertionError, match="delivered again"):
+        check(spoiled([*after, again]))
+    changed = clients.Delivery(after[i].raw[:-1] + bytes([after[i].raw[-1] ^ 1]), "q")
+    with pytest.raises(AssertionError):
+        check(spoiled([*after[:i], changed, *after[i + 1 :]]))
