@@ -192,6 +192,13 @@ class AmqpConfig:
     heartbeat_s: int = 60
     frame_max: int = 131072
     channel_max: int = 2047
+    # An exchange T is the storage topic T (docs/interop.md, natural names): its
+    # publishes reach the other protocols' consumers of T, and what they store in T
+    # reaches its bound queues. Off, or excluded by name (shell patterns, matched
+    # against exchange names and amq.topic's first routing-key words), it costs
+    # nothing; x-polymq-topic still links an exchange explicitly.
+    natural_topics: bool = True
+    natural_topics_exclude: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -8,6 +8,7 @@ from polymq.gateway.listeners import GatewayTcpListener, Listener, ListenerConte
 from polymq.protocols.amqp.changes import Membership
 from polymq.protocols.amqp.connection import AmqpConnection
 from polymq.protocols.amqp.flow import FlowControl
+from polymq.protocols.amqp.natural import NaturalTopics
 from polymq.protocols.amqp.vhost import AmqpServices
 
 __all__ = ["AmqpListener", "amqp_listener"]
@@ -21,7 +22,9 @@ class AmqpListener(GatewayTcpListener):
     def __init__(self, context: ListenerContext, *, flow: FlowControl | None = None) -> None:
         gateway_id = context.config.cluster.gateway_id or context.directory.self_id
         membership = Membership(context.directory, context.name, gateway_id)
-        self._services = AmqpServices(context.processor, membership)
+        amqp = context.config.amqp
+        natural = NaturalTopics(amqp.natural_topics, tuple(amqp.natural_topics_exclude))
+        self._services = AmqpServices(context.processor, membership, natural)
         self.flow = flow or FlowControl()
         services, flow = self._services, self.flow
 

@@ -24,6 +24,7 @@ __all__ = [
     "decode_properties",
     "delivery_content",
     "encode_properties",
+    "foreign_headers",
     "to_message",
     "with_header",
 ]
@@ -119,8 +120,9 @@ def delivery_content(stored: StoredMessage) -> tuple[str, str, bytes]:
     )
 
 
-def _foreign_properties(message: Message) -> commands.Basic.Properties:
-    """Properties for a message produced through another protocol."""
+def foreign_headers(message: Message) -> dict[str, Any]:
+    """The headers an AMQP consumer gets with a message another protocol produced
+    (what a headers exchange matches it on)."""
     headers: dict[str, Any] = {}
     for name, value in message.properties:
         if interop.is_private(name):
@@ -136,6 +138,12 @@ def _foreign_properties(message: Message) -> commands.Basic.Properties:
     ):
         if field is not None:
             headers[name] = field.decode(errors="replace")
+    return headers
+
+
+def _foreign_properties(message: Message) -> commands.Basic.Properties:
+    """Properties for a message produced through another protocol."""
+    headers = foreign_headers(message)
     timestamp = (
         datetime.datetime.fromtimestamp(message.born_timestamp_ms / 1000, datetime.UTC)
         if message.born_timestamp_ms

@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import dataclasses
 import zlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
@@ -19,10 +20,11 @@ from polymq.protocols.amqp.codec import ContentHeaderFrame, content_frames, meth
 from polymq.protocols.amqp.consumer import INVISIBLE_MS
 from polymq.protocols.amqp.dead_letter import dead_letter
 from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
+from polymq.protocols.amqp.natural import AMQ_TOPIC, mqtt_name
 from polymq.protocols.amqp.properties import encode_properties, to_message
 from polymq.protocols.amqp.queues import QueueDef
 from polymq.protocols.amqp.reply_to import REPLY_TO
-from polymq.storage.errors import TopicAlreadyExists, TopicNotFound
+from polymq.storage.errors import InvalidName, TopicAlreadyExists, TopicNotFound
 from polymq.storage.model import (
     AppendRequest,
     Message,
@@ -189,9 +191,14 @@ class Publisher:
             else:
                 targets.append(queue.ref_for(vhost.namespace, properties.priority))
             reached.append(queue)
-        topic = exchange.arguments.get(interop.AMQP_TOPIC_ARGUMENT)
-        if isinstance(topic, str) and topic:
-            targets.append(await self._topic_ref(vhost.namespace, topic, routing_key))
+        topic, mqtt_topic = self._natural_target(exchange.name, exchange.arguments, routing_key)
+        if topic is not None:
+            try:
+                targets.append(await self._topic_ref(vhost.namespace, topic, routing_key))
+            except InvalidName:
+                if self._explicit(exchange.arguments):
+                    raise  # an explicit x-polymq-topic naming no valid topic
+                topic = mqtt_topic = None  # a natural name storage refuses: AMQP only
         if not targets and not overflowed:
             returned = (
                 self._return_frames(method, raw, body) if method.mandatory and not names else None
@@ -204,6 +211,8 @@ class Publisher:
             raw_properties=raw,
             body=body,
         )
+        if mqtt_topic is not None:  # how MQTT subscribers of the topic see it
+            message = _with_property(message, interop.MQTT_TOPIC, mqtt_topic.encode())
         if properties.expiration:
             try:
                 ttl = max(0, int(properties.expiration))
@@ -232,7 +241,35 @@ class Publisher:
             return None, None, accepted, heads
         # A view bound to the exchange and the exchange's own topic may name one queue.
         unique = tuple(dict.fromkeys(targets))
-        return AppendRequest(entry=message, queues=unique), None, accepted, heads
+        # A natural topic is not a queue: RabbitMQ's mandatory still returns a publish
+        # no queue took (an explicit x-polymq-topic counts as routed, as documented).
+        returned = None
+        if method.mandatory and not names and not self._explicit(exchange.arguments):
+            returned = self._return_frames(method, raw, body)
+        return AppendRequest(entry=message, queues=unique), returned, accepted, heads
+
+    @staticmethod
+    def _explicit(arguments: Mapping[str, Any]) -> bool:
+        explicit = arguments.get(interop.AMQP_TOPIC_ARGUMENT)
+        return isinstance(explicit, str) and bool(explicit)
+
+    def _natural_target(
+        self, exchange: str, arguments: Mapping[str, Any], routing_key: str
+    ) -> tuple[str | None, str | None]:
+        """The storage topic a publish also goes to (docs/interop.md, natural names),
+        and the MQTT topic name it is shown under there (None: the topic's own name):
+        ``x-polymq-topic`` as given, exchange ``T`` is topic ``T`` (routing key ``a.b``
+        shown as ``T/a/b``), ``amq.topic`` with ``a.b.c`` is topic ``a`` as ``a/b/c``."""
+        natural = self._conn.vhost.natural
+        if exchange == AMQ_TOPIC:
+            target = natural.amq_topic_target(routing_key)
+            return (None, None) if target is None else target
+        topic = natural.topic_of(exchange, dict(arguments))
+        if topic is None:
+            return None, None
+        if self._explicit(arguments):
+            return topic, None
+        return topic, mqtt_name(topic, routing_key)
 
     async def _topic_ref(self, namespace: str, topic: str, routing_key: str) -> QueueRef:
         """The queue of storage topic ``topic`` a publish to an exchange declared with

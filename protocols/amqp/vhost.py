@@ -39,7 +39,9 @@ from polymq.protocols.amqp.definitions import (
     exchange_json,
 )
 from polymq.protocols.amqp.errors import ChannelError, ConnectionError_
+from polymq.protocols.amqp.feeds import FEED_META, Feeds
 from polymq.protocols.amqp.later import until_stored
+from polymq.protocols.amqp.natural import NaturalTopics
 from polymq.protocols.amqp.queue_arguments import check_equivalent, validate_arguments
 from polymq.protocols.amqp.queues import (
     GROUP,
@@ -82,9 +84,15 @@ class VirtualHost:
     or by the change log's tail (other gateways' changes)."""
 
     def __init__(
-        self, namespace: str, processor: Processor, membership: Membership | None = None
+        self,
+        namespace: str,
+        processor: Processor,
+        membership: Membership | None = None,
+        natural: NaturalTopics | None = None,
     ) -> None:
         self.namespace = namespace
+        # Which exchanges are storage topics (docs/interop.md, natural names).
+        self.natural = natural or NaturalTopics()
         self._processor = processor
         self.membership = membership or Membership(_Alone(), "amqp", "local")
         self._changes: ChangeLog | None = None
@@ -97,6 +105,7 @@ class VirtualHost:
         self._lock = asyncio.Lock()
         self._closed = False
         self._chores = Chores(self)
+        self._feeds = Feeds(self)
         # Requeued messages: ready, though storage counts them in flight.
         self.requeued = Requeued()
         # Direct reply-to (amq.rabbitmq.reply-to): the consuming channels' sinks.
@@ -133,6 +142,7 @@ class VirtualHost:
         await self.replies.close()
         if self._changes is not None:
             await self._changes.close()
+        await self._feeds.close()
         await self._chores.close()
 
     # -- loading ---------------------------------------------------------------------
@@ -180,6 +190,7 @@ class VirtualHost:
                 )
             )
         self._chores.start(caller)
+        self._feeds.start(caller)
 
     async def _follow_again(self, caller: Caller, changes: ChangeLog) -> None:
         """The change log is reachable again: tail it from its end, after reading the
@@ -418,6 +429,7 @@ class VirtualHost:
         for binding in self.definitions.bindings_of_exchange(name):
             await self._remove_binding(caller, binding)
         await self._processor.meta_delete(caller, EXCHANGE, name)
+        await self._processor.meta_delete(caller, FEED_META, name)  # one made again starts anew
         self.definitions.forget_exchange(name)
         await self._emit(caller, "exchange", name, None)
 
@@ -799,6 +811,7 @@ class VirtualHost:
             elif binding.id not in self.definitions.bindings:
                 value = binding_json(binding)
                 await self._processor.meta_put(caller, BINDING, binding_key(binding), value)
+                await self._feeds.bound(caller, binding)
                 self.definitions.add_binding(binding)
                 await self._emit(caller, "binding", binding.id, value)
         await self.settle(before)
@@ -834,9 +847,15 @@ class AmqpServices:
     """What one AMQP listener's connections share: the vhosts this gateway serves,
     loaded on first use, and this gateway's place among the live ones."""
 
-    def __init__(self, processor: Processor, membership: Membership | None = None) -> None:
+    def __init__(
+        self,
+        processor: Processor,
+        membership: Membership | None = None,
+        natural: NaturalTopics | None = None,
+    ) -> None:
         self._processor = processor
         self.membership = membership or Membership(_Alone(), "amqp", "local")
+        self._natural = natural or NaturalTopics()
         self._hosts: dict[str, VirtualHost] = {}
         self._lock = asyncio.Lock()
 
@@ -853,7 +872,9 @@ class AmqpServices:
         async with self._lock:
             host = self._hosts.get(caller.namespace)
             if host is None:
-                host = VirtualHost(caller.namespace, self._processor, self.membership)
+                host = VirtualHost(
+                    caller.namespace, self._processor, self.membership, self._natural
+                )
                 try:
                     await host.load(caller)
                 except BaseException:
