@@ -119,9 +119,10 @@ class StorageFailed(StorageError, code="storage_failed"):
 class StorageUnavailable(StorageError, code="storage_unavailable"):
     """The storage node that owns the resource cannot be reached right now (separated
     form: the node is down, restarting, or not yet registered with a nameserver). The
-    request did not take effect, or, for an append spread over several nodes, may have
-    taken effect on some of them: retry it, with its dedup key when it has one.
-    Adapters answer with their protocol's retryable error."""
+    request may or may not have taken effect: refused before it was sent, it did not;
+    lost with its connection (the node died while answering), or spread over several
+    nodes, it may have. Retry it, with its dedup key when it has one. Adapters answer
+    with their protocol's retryable error."""
 
 
 class ShardMoved(StorageUnavailable, code="shard_moved"):
