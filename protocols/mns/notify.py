@@ -13,8 +13,9 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 
@@ -81,6 +82,13 @@ class Notifier:
         self._retry_unit_ms = retry_unit_ms
         self._subscriptions: dict[tuple[str, str, str], _Subscription] = {}
         self._client: httpx.AsyncClient | None = None
+        self._companions: list[Callable[[], Coroutine[Any, Any, None]]] = []
+        self._companion_tasks: list[asyncio.Task[None]] = []
+
+    def also_run(self, work: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Background work with the notifier's lifetime (the topic feeds): started by
+        :meth:`start`, cancelled by :meth:`stop`."""
+        self._companions.append(work)
 
     def caller(self, namespace: str) -> Caller:
         return Caller(principal=_PUSHER, namespace=namespace, protocol="http")
@@ -94,9 +102,12 @@ class Notifier:
         for sub in self._subscriptions.values():  # subscribed while we were starting
             if sub.task is None:
                 sub.task = self._spawn(sub)
+        self._companion_tasks = [asyncio.create_task(work()) for work in self._companions]
 
     async def stop(self) -> None:
         tasks = [s.task for s in self._subscriptions.values() if s.task is not None]
+        tasks += self._companion_tasks
+        self._companion_tasks = []
         self._subscriptions.clear()
         for task in tasks:
             task.cancel()

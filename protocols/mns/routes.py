@@ -31,6 +31,7 @@ from polymq.protocols.mns.notify import Notifier
 from polymq.protocols.mns.queue_handlers import QueueHandlers
 from polymq.protocols.mns.queues import QueueService
 from polymq.protocols.mns.request import PeerGone, RequestReader, error_response
+from polymq.protocols.mns.topic_feed import TopicFeeds
 from polymq.protocols.mns.topic_handlers import TopicHandlers
 from polymq.protocols.mns.topics import TopicService
 
@@ -134,6 +135,8 @@ class MnsApi:
         )
         self.queues = QueueService(processor, max_message_bytes=max_message_bytes)
         self.topics = TopicService(processor, notifier, max_message_bytes=max_message_bytes)
+        # What other protocols store in a subscribed topic reaches its subscriptions.
+        notifier.also_run(TopicFeeds(self.topics, notifier).run)
         self._queue_handlers = QueueHandlers(reader, self.queues)
         self._topic_handlers = TopicHandlers(reader, self.topics)
 

@@ -31,9 +31,11 @@ from polymq.storage.model import (
     TopicConfig,
 )
 
-__all__ = ["SUBSCRIPTION_KIND", "TopicService"]
+__all__ = ["PUBLISHED_TO", "SUBSCRIPTION_KIND", "TopicService"]
 
 SUBSCRIPTION_KIND = "mns.subscription"
+# The property marking an MNS PublishMessage (private: no consumer sees it).
+PUBLISHED_TO = "mns.published-to"
 
 
 def _key(topic: str, subscription: str) -> str:
@@ -45,6 +47,10 @@ class TopicService:
         self._processor = processor
         self._notifier = notifier
         self._max_message_bytes = max_message_bytes
+
+    @property
+    def processor(self) -> Processor:
+        return self._processor
 
     def _now(self) -> int:
         return self._processor.clock.now_ms()
@@ -194,23 +200,17 @@ class TopicService:
             retention_s=None,
             allow_delay=False,
         )
-        tag = outgoing.message.tag
-        prefix = f"{topic}/"
+        # Marked as an MNS publish: the topic's feed leaves it to this dispatch.
+        message = replace(
+            outgoing.message,
+            properties=(*outgoing.message.properties, (PUBLISHED_TO, topic.encode())),
+        )
+        outgoing = replace(outgoing, message=message)
         own = QueueRef(caller.namespace, topic)
-        targets = [own]
-        formatted: list[tuple[str, SubscriptionAttributes]] = []
-        for key, raw in (await self._processor.meta_list(caller, SUBSCRIPTION_KIND)).items():
-            if not key.startswith(prefix):
-                continue
-            sub = SubscriptionAttributes.from_json(raw)
-            name = key[len(prefix) :]
-            if not sub.accepts(tag):
-                continue
-            if sub.queue is not None and sub.notify_content_format != "SIMPLIFIED":
-                formatted.append((name, sub))  # its body differs: a copy of its own
-            else:
-                targets.append(QueueRef(caller.namespace, sub.queue or push_topic(topic, name)))
-        request = AppendRequest(entry=outgoing.message, queues=tuple(dict.fromkeys(targets)))
+        subs = await self.subscribed(caller, topic)
+        direct, formatted = self._targets(caller, topic, subs, message.tag, None)
+        targets = [own, *direct]
+        request = AppendRequest(entry=message, queues=tuple(dict.fromkeys(targets)))
         results = await self._append_alive(caller, [request])
         if not results:  # the topic itself was deleted meanwhile
             raise MnsError.topic_not_exist(topic)
@@ -228,6 +228,66 @@ class TopicService:
                 [self._notification(caller, topic, name, sub, stored) for name, sub in formatted],
             )
         return outgoing, result
+
+    async def subscribed(
+        self, caller: Caller, topic: str
+    ) -> list[tuple[str, SubscriptionAttributes]]:
+        """The topic's subscriptions: (name, attributes)."""
+        prefix = f"{topic}/"
+        return [
+            (key[len(prefix) :], SubscriptionAttributes.from_json(raw))
+            for key, raw in (await self._processor.meta_list(caller, SUBSCRIPTION_KIND)).items()
+            if key.startswith(prefix)
+        ]
+
+    @staticmethod
+    def _targets(
+        caller: Caller,
+        topic: str,
+        subs: list[tuple[str, SubscriptionAttributes]],
+        tag: str | None,
+        stored_ms: int | None,
+    ) -> tuple[list[QueueRef], list[tuple[str, SubscriptionAttributes]]]:
+        """Where a message goes: the queues taking it as it is (SIMPLIFIED queue
+        subscriptions, HTTP subscriptions' delivery queues), and the subscriptions
+        getting a formatted copy. ``stored_ms``: a message stored then by another
+        protocol reaches only the subscriptions made by then."""
+        direct: list[QueueRef] = []
+        formatted: list[tuple[str, SubscriptionAttributes]] = []
+        for name, sub in subs:
+            if not sub.accepts(tag):
+                continue
+            if stored_ms is not None and sub.create_time > stored_ms:
+                continue
+            if sub.queue is not None and sub.notify_content_format != "SIMPLIFIED":
+                formatted.append((name, sub))  # its body differs: a copy of its own
+            else:
+                direct.append(QueueRef(caller.namespace, sub.queue or push_topic(topic, name)))
+        return direct, formatted
+
+    async def forward(self, caller: Caller, topic: str, popped: list[StoredMessage]) -> None:
+        """What other protocols stored in ``topic`` (read by the topic's feed,
+        :mod:`protocols.mns.topic_feed`) to its subscriptions, as a publish would
+        dispatch it; MNS's own publishes were dispatched when published."""
+        subs = await self.subscribed(caller, topic)
+        if not subs:
+            return
+        requests: list[AppendRequest] = []
+        for stored in popped:
+            if stored.message.property(PUBLISHED_TO) is not None:
+                continue
+            direct, formatted = self._targets(
+                caller, topic, subs, stored.message.tag, stored.store_timestamp_ms
+            )
+            if direct:
+                requests.append(
+                    AppendRequest(entry=stored.message, queues=tuple(dict.fromkeys(direct)))
+                )
+            requests.extend(
+                self._notification(caller, topic, name, sub, stored) for name, sub in formatted
+            )
+        if requests:
+            await self._append_alive(caller, requests, metered=False)
 
     @staticmethod
     def _notification(
@@ -247,11 +307,11 @@ class TopicService:
         return AppendRequest(entry=copy, queues=(QueueRef(caller.namespace, sub.queue),))
 
     async def _append_alive(
-        self, caller: Caller, requests: list[AppendRequest]
+        self, caller: Caller, requests: list[AppendRequest], *, metered: bool = True
     ) -> list[AppendResult]:
         """Append; if a subscribed queue was deleted meanwhile, deliver to those left."""
         try:
-            return await self._processor.append(caller, requests)
+            return await self._processor.append(caller, requests, metered=metered)
         except (TopicNotFound, QueueNotFound):
             pass
         alive: dict[str, bool] = {}
@@ -269,4 +329,4 @@ class TopicService:
                     queues.append(ref)
             if queues:
                 kept.append(replace(request, queues=tuple(queues)))
-        return await self._processor.append(caller, kept) if kept else []
+        return await self._processor.append(caller, kept, metered=metered) if kept else []
