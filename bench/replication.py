@@ -252,10 +252,12 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     fsyncs = disk_fsyncs_per_s(Path(tempfile.gettempdir()))
     print(f"# disk: {fsyncs:,.0f} x (1 KiB write + fdatasync)/s in {tempfile.gettempdir()}")
+    print(f"# NATS servers' fsync: {args.nats_sync} (--nats-sync)")
     for key in forms:
         with tempfile.TemporaryDirectory(prefix="polymq-bench-repl-") as temp:
             up = time.monotonic()
-            async with running(key, Path(temp)) as form:
+            sync = args.nats_sync == "always"
+            async with running(key, Path(temp), nats_sync_always=sync) as form:
                 print(f"# {form.label}: up in {time.monotonic() - up:.0f} s", flush=True)
                 figures[key] = {
                     "kafka": await asyncio.to_thread(
@@ -281,6 +283,7 @@ async def main_async(args: argparse.Namespace) -> dict[str, Any]:
             "counts": counts,
             "forms": {key: FORMS[key] for key in forms},
             "disk_fsyncs_per_s": fsyncs,
+            "nats_sync": args.nats_sync,
         },
         "figures": figures,
         "takeover": None if takeovers is None else asdict(takeovers),
@@ -297,6 +300,12 @@ def main() -> None:
     )
     parser.add_argument("--kills", type=int, default=5, help="takeover kills (0: none) [5]")
     parser.add_argument("--rate", type=int, default=100, help="takeover sends/s [100]")
+    parser.add_argument(
+        "--nats-sync",
+        choices=("default", "always"),
+        default="default",
+        help="always: the NATS servers fsync every write [default: JetStream's interval]",
+    )
     parser.add_argument("--json", metavar="FILE", help="write the figures as JSON")
     args = parser.parse_args()
     report = asyncio.run(main_async(args))

@@ -127,19 +127,32 @@ async def _start(cluster: LocalCluster) -> None:
 
 
 @contextlib.asynccontextmanager
-async def running(key: str, data_dir: Path) -> AsyncIterator[Form]:
-    """The form ``key`` of :data:`FORMS`, over ``data_dir``, until the block ends."""
+async def running(
+    key: str, data_dir: Path, *, nats_sync_always: bool = False
+) -> AsyncIterator[Form]:
+    """The form ``key`` of :data:`FORMS`, over ``data_dir``, until the block ends;
+    ``nats_sync_always``: the NATS servers fsync every write (JetStream's default is
+    every two minutes)."""
     nats: LocalNats | None = None
     async with contextlib.AsyncExitStack() as stack:
         if key == "merged":
             specs = [_merged_spec(data_dir, None)]
         elif key == "merged-nats":
-            nats = await stack.enter_async_context(LocalNats(data_dir / "nats", 3))
+            nats = await stack.enter_async_context(
+                LocalNats(data_dir / "nats", 3, sync_always=nats_sync_always)
+            )
             specs = [_merged_spec(data_dir, nats.url + "?replicas=3")]
         elif key == "separated-r1":
             specs = layout(storage=1, gateways=1, data_dir=data_dir, port_offset=None)
         elif key == "separated-r3":
-            specs = layout(storage=3, gateways=1, data_dir=data_dir, port_offset=None, replicas=3)
+            specs = layout(
+                storage=3,
+                gateways=1,
+                data_dir=data_dir,
+                port_offset=None,
+                replicas=3,
+                nats_sync_always=nats_sync_always,
+            )
         else:
             raise ValueError(f"unknown form {key!r}; known: {', '.join(FORMS)}")
         cluster = LocalCluster(specs, env=bench_env(), keep_lines=500)
