@@ -15,7 +15,7 @@ from polymq.conformance.interop.driver import poll
 from polymq.conformance.interop.fields import Arrived, Sent
 from polymq.protocols import interop
 
-__all__ = ["AmqpDriver"]
+__all__ = ["AmqpDriver", "AmqpNaturalDriver"]
 
 
 class AmqpDriver:
@@ -51,6 +51,11 @@ class AmqpDriver:
             durable=True,
             arguments={interop.AMQP_TOPIC_ARGUMENT: topic},
         )
+        self._publish(channel, topic, sent, mandatory=True)
+
+    def _publish(
+        self, channel: BlockingChannel, exchange: str, sent: Sent, mandatory: bool
+    ) -> None:
         headers: dict[str, Any] = {interop.TAG: sent.tag, **dict(sent.properties)}
         properties = pika.BasicProperties(
             content_type=sent.content_type,
@@ -58,14 +63,17 @@ class AmqpDriver:
             reply_to=sent.reply_to,
             headers=headers,
         )
-        channel.basic_publish(topic, sent.key, sent.body, properties, mandatory=True)
+        channel.basic_publish(exchange, sent.key, sent.body, properties, mandatory=mandatory)
 
     def consume(self, topic: str, timeout_s: float) -> Arrived:
+        return self._consume(topic, timeout_s)
+
+    def _consume(self, queue: str, timeout_s: float) -> Arrived:
         channel = self._open()
 
         def take(remaining: float) -> Any:
             for method, properties, body in channel.consume(
-                topic, inactivity_timeout=min(remaining, 1.0)
+                queue, inactivity_timeout=min(remaining, 1.0)
             ):
                 if method is None:
                     return None
@@ -96,3 +104,33 @@ class AmqpDriver:
     def close(self) -> None:
         if self._connection.is_open:
             self._connection.close()
+
+
+class AmqpNaturalDriver(AmqpDriver):
+    """What a RabbitMQ application does, with no polymq-specific argument: it
+    publishes to a topic exchange named after the topic and consumes a queue of its
+    own bound to that exchange with ``#`` (docs/interop.md, natural names). Fields
+    without an AMQP slot (the tag, the user's properties) still travel as headers."""
+
+    client = "pika (natural names)"
+
+    def _declare_exchange(self, channel: BlockingChannel, topic: str) -> None:
+        channel.exchange_declare(exchange=topic, exchange_type="topic", durable=True)
+
+    def prepare(self, topic: str) -> None:
+        channel = self._open()
+        self._declare_exchange(channel, topic)
+        channel.queue_declare(queue=_bound_queue(topic), durable=True)
+        channel.queue_bind(queue=_bound_queue(topic), exchange=topic, routing_key="#")
+
+    def produce(self, topic: str, sent: Sent) -> None:
+        channel = self._open()
+        self._declare_exchange(channel, topic)
+        self._publish(channel, topic, sent, mandatory=False)
+
+    def consume(self, topic: str, timeout_s: float) -> Arrived:
+        return self._consume(_bound_queue(topic), timeout_s)
+
+
+def _bound_queue(topic: str) -> str:
+    return f"{topic}-app"

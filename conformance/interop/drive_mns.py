@@ -15,7 +15,7 @@ from polymq.conformance.interop.driver import poll
 from polymq.conformance.interop.fields import Arrived, Sent
 from polymq.protocols import interop
 
-__all__ = ["MnsDriver"]
+__all__ = ["MnsDriver", "MnsNaturalDriver"]
 
 _HEADERS = {"x-mns-version": "2015-06-06", "Content-Type": "text/xml;charset=UTF-8"}
 _NS = "{http://mns.aliyuncs.com/doc/v1/}"
@@ -51,6 +51,9 @@ class MnsDriver:
 
     def produce(self, topic: str, sent: Sent) -> None:
         self._create_queue(topic)
+        self._send(f"/queues/{topic}/messages", sent, "SendMessage")
+
+    def _send(self, path: str, sent: Sent, what: str) -> None:
         props = [
             (interop.KEY, sent.key),
             (interop.CONTENT_TYPE, sent.content_type),
@@ -70,15 +73,18 @@ class MnsDriver:
             f"<MessageTag>{escape(sent.tag)}</MessageTag>"
             f"<UserProperties>{values}</UserProperties></Message>"
         )
-        response = self._http.post(f"/queues/{topic}/messages", content=document.encode())
+        response = self._http.post(path, content=document.encode())
         if response.status_code != 201:
-            raise RuntimeError(f"SendMessage answered {response.status_code}: {response.text}")
+            raise RuntimeError(f"{what} answered {response.status_code}: {response.text}")
 
     def consume(self, topic: str, timeout_s: float) -> Arrived:
+        return self._receive(topic, timeout_s)
+
+    def _receive(self, queue: str, timeout_s: float) -> Arrived:
         def take(remaining: float) -> ET.Element | None:
             wait = max(1, min(int(remaining), 3))
             response = self._http.get(
-                f"/queues/{topic}/messages", params={"waitseconds": wait}, timeout=wait + 30
+                f"/queues/{queue}/messages", params={"waitseconds": wait}, timeout=wait + 30
             )
             if response.status_code == 404 and "MessageNotExist" in response.text:
                 return None
@@ -88,7 +94,7 @@ class MnsDriver:
 
         message = poll(take, timeout_s, "mns")
         receipt = _text(message, "ReceiptHandle") or ""
-        self._http.delete(f"/queues/{topic}/messages", params={"ReceiptHandle": receipt})
+        self._http.delete(f"/queues/{queue}/messages", params={"ReceiptHandle": receipt})
         properties: dict[str, str] = {}
         for holder in _children(message, "UserProperties"):
             for value in _children(holder, "PropertyValue"):
@@ -109,3 +115,36 @@ class MnsDriver:
 
     def close(self) -> None:
         self._http.close()
+
+
+class MnsNaturalDriver(MnsDriver):
+    """What an MNS application does with a topic (docs/interop.md, natural names): it
+    publishes to MNS topic ``T`` (PublishMessage) and consumes a queue of its own
+    subscribed to ``T`` (a queue endpoint, so the message itself arrives)."""
+
+    client = "httpx (MNS XML API, topic and subscription)"
+
+    def _create_topic(self, topic: str) -> None:
+        response = self._http.put(f"/topics/{topic}", content=b"<Topic/>")
+        if response.status_code not in (201, 204, 409):
+            raise RuntimeError(f"CreateTopic answered {response.status_code}: {response.text}")
+
+    def prepare(self, topic: str) -> None:
+        self._create_topic(topic)
+        queue = _subscribed_queue(topic)
+        self._create_queue(queue)
+        document = f"<Subscription><Endpoint>queues/{queue}</Endpoint></Subscription>"
+        response = self._http.put(f"/topics/{topic}/subscriptions/app", content=document.encode())
+        if response.status_code not in (201, 204, 409):
+            raise RuntimeError(f"Subscribe answered {response.status_code}: {response.text}")
+
+    def produce(self, topic: str, sent: Sent) -> None:
+        self._create_topic(topic)
+        self._send(f"/topics/{topic}/messages", sent, "PublishMessage")
+
+    def consume(self, topic: str, timeout_s: float) -> Arrived:
+        return self._receive(_subscribed_queue(topic), timeout_s)
+
+
+def _subscribed_queue(topic: str) -> str:
+    return f"{topic}-app"

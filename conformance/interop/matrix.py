@@ -19,7 +19,7 @@ from polymq.conformance.interop.expectations import PROTOCOLS, check
 from polymq.conformance.interop.fields import standard_message
 from polymq.conformance.results import CaseResult, Outcome
 
-__all__ = ["DRIVERS", "cell_topic", "open_drivers", "run_cell", "run_matrix"]
+__all__ = ["DRIVERS", "NATURAL_DRIVERS", "cell_topic", "open_drivers", "run_cell", "run_matrix"]
 
 CELL_TIMEOUT_S = 20.0
 
@@ -54,6 +54,18 @@ def _mns(host: str, port: int) -> Driver:
     return MnsDriver(host, port)
 
 
+def _amqp_natural(host: str, port: int) -> Driver:
+    from polymq.conformance.interop.drive_amqp import AmqpNaturalDriver
+
+    return AmqpNaturalDriver(host, port)
+
+
+def _mns_natural(host: str, port: int) -> Driver:
+    from polymq.conformance.interop.drive_mns import MnsNaturalDriver
+
+    return MnsNaturalDriver(host, port)
+
+
 # Imported on first use: a run over some protocols needs only their clients.
 DRIVERS: Mapping[str, Callable[[str, int], Driver]] = {
     "kafka": _kafka,
@@ -61,6 +73,14 @@ DRIVERS: Mapping[str, Callable[[str, int], Driver]] = {
     "mqtt": _mqtt,
     "rocketmq": _rocketmq,
     "mns": _mns,
+}
+
+# Natural names only (docs/interop.md): every client uses what its application would,
+# no polymq-specific argument (Kafka, MQTT and RocketMQ name the topic already).
+NATURAL_DRIVERS: Mapping[str, Callable[[str, int], Driver]] = {
+    **DRIVERS,
+    "amqp": _amqp_natural,
+    "mns": _mns_natural,
 }
 
 
@@ -99,15 +119,20 @@ def run_cell(
 
 @contextlib.contextmanager
 def open_drivers(
-    host: str, ports: Mapping[str, int], protocols: Sequence[str] = PROTOCOLS
+    host: str,
+    ports: Mapping[str, int],
+    protocols: Sequence[str] = PROTOCOLS,
+    *,
+    natural: bool = False,
 ) -> Iterator[dict[str, Driver | Exception]]:
     """One connected driver per protocol (or the error that kept it from starting),
-    closed on exit."""
+    closed on exit; ``natural``: the drivers of :data:`NATURAL_DRIVERS`."""
     drivers: dict[str, Driver | Exception] = {}
+    table = NATURAL_DRIVERS if natural else DRIVERS
     try:
         for protocol in protocols:
             try:
-                drivers[protocol] = DRIVERS[protocol](host, ports[protocol])
+                drivers[protocol] = table[protocol](host, ports[protocol])
             except Exception as e:
                 drivers[protocol] = e
         yield drivers
@@ -126,13 +151,14 @@ def run_matrix(
     timeout_s: float = CELL_TIMEOUT_S,
     run_id: str | None = None,
     on_result: Callable[[CaseResult], None] | None = None,
+    natural: bool = False,
 ) -> list[CaseResult]:
     """Every (producer, consumer) cell over ``protocols``, in order. ``ports`` maps
     protocol names (``mns`` for the HTTP API) to ports; the target must allow
-    anonymous access (open auth mode)."""
+    anonymous access (open auth mode). ``natural``: with natural names only."""
     run_id = run_id or uuid.uuid4().hex[:8]
     results: list[CaseResult] = []
-    with open_drivers(target_host, ports, protocols) as drivers:
+    with open_drivers(target_host, ports, protocols, natural=natural) as drivers:
         for producer in protocols:
             for consumer in protocols:
                 made, used = drivers[producer], drivers[consumer]
