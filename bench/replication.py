@@ -17,7 +17,7 @@ its local log. Then the takeover time in form 4 (bench/replication_takeover.py).
 
 The measurement loops are bench/kafka.py's and bench/amqp.py's, called as they are.
 
-    .venv/bin/python -m bench.replication            # about 4-6 minutes
+    .venv/bin/python -m bench.replication            # 6-12 minutes on 2 busy cores
     .venv/bin/python -m bench.replication --quick    # smoke run
 """
 
