@@ -31,7 +31,7 @@ from polymq.protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.topic_filter_index import SHARE_PREFIX
 from polymq.protocols.mqtt.transport import Transport
-from polymq.storage.errors import StorageError
+from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.model import Message, QueueRef, StoredMessage
 
 __all__ = ["Outbound"]
@@ -136,7 +136,7 @@ class Outbound:
             return
         processor = self._services.processor
         if self._to_ack:
-            await processor.ack_many(caller, POP_GROUP, self._to_ack)
+            await self._ack(caller, self._to_ack)
             self._to_ack = []
         for flight in self._inflight.values():
             if flight.receipt and not flight.released:
@@ -191,7 +191,7 @@ class Outbound:
         receipts += self._to_ack
         self._to_ack = []
         if receipts:
-            await self._services.processor.ack_many(self._caller, POP_GROUP, receipts)
+            await self._ack(self._caller, receipts)
         backlog = self._backlog
         while backlog and len(self._inflight) < self.window:
             self.deliver(backlog.popleft())
@@ -355,11 +355,21 @@ class Outbound:
             self.flush()
             if self._to_ack:
                 receipts, self._to_ack = self._to_ack, []
-                await processor.ack_many(caller, POP_GROUP, receipts)
+                await self._ack(caller, receipts)
             if not popped and not waited:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(idle_s):
                         await wake.wait()
+
+    async def _ack(self, caller: Caller, receipts: list[str]) -> None:
+        """Ack popped messages the client acknowledged. When their node is away
+        (storage raises for a batch all from one node, and answers per receipt for a
+        spread one), they come back after their invisibility, marked DUP (at least
+        once): the connection goes on."""
+        try:
+            await self._services.processor.ack_many(caller, POP_GROUP, receipts)
+        except StorageUnavailable as e:
+            log.warning("mqtt: %d acks not stored (sent again later): %s", len(receipts), e)
 
     def _stale(self, queues: list[QueueRef]) -> Callable[[], bool]:
         """Whether a waiting pop over ``queues`` must be given up: the connection
