@@ -5,15 +5,17 @@ it names, the queue indexes). The owner sends them as one tar object after each
 checkpoint, before the stream may be purged below it; a node taking the shard over
 unpacks it and replays the stream from the checkpoint's position, as a restart would.
 
-Objects are named by shard and owner epoch, and a reader takes the highest epoch's:
-an object store has no compare-and-set, so a deposed owner that has not noticed yet
-could still send one, but only under its own, lower epoch. Its checkpoint is then
-consistent (taken at records the stream has) and simply older than the new owner's
-first one, which supersedes it; older epochs' objects are deleted after that.
+Which object is the latest is a key of the shard in a key-value bucket, moved with a
+compare-and-set and only forward in epochs: an object store has no compare-and-set,
+so a deposed owner that has not noticed yet could still send an object, but it cannot
+point the shard at it over its successor's (a higher epoch's). Objects are named by
+shard and epoch; the one a pointer leaves is deleted. Every call is bounded in time, so
+a slow NATS delays a checkpoint (the next one tries again), never a hand-over.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import io
 import json
@@ -22,13 +24,21 @@ from pathlib import Path
 
 from nats.js import JetStreamContext
 from nats.js.api import StorageType
-from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.errors import (
+    BucketNotFoundError,
+    KeyNotFoundError,
+    KeyWrongLastSequenceError,
+    NotFoundError,
+)
+from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 __all__ = ["CheckpointStore"]
 
 BUCKET = "polymq-checkpoints"
+POINTERS = "polymq-checkpoint-pointers"
 _META = "polymq-checkpoint.json"
+_TIMEOUT_S = 30.0
 
 
 class CheckpointStore:
@@ -36,8 +46,9 @@ class CheckpointStore:
         self._js = js
         self.replicas = replicas
         self._store: ObjectStore | None = None
+        self._pointers: KeyValue | None = None
 
-    async def _bucket(self) -> ObjectStore:
+    async def _buckets(self) -> tuple[ObjectStore, KeyValue]:
         if self._store is None:
             try:
                 self._store = await self._js.object_store(BUCKET)
@@ -45,7 +56,14 @@ class CheckpointStore:
                 self._store = await self._js.create_object_store(
                     BUCKET, replicas=self.replicas, storage=StorageType.FILE
                 )
-        return self._store
+        if self._pointers is None:
+            try:
+                self._pointers = await self._js.key_value(POINTERS)
+            except BucketNotFoundError:
+                self._pointers = await self._js.create_key_value(
+                    bucket=POINTERS, history=1, replicas=self.replicas, storage=StorageType.FILE
+                )
+        return self._store, self._pointers
 
     async def put(
         self, shard: str, epoch: int, directory: Path, names: list[str], meta: dict[str, int]
@@ -58,37 +76,53 @@ class CheckpointStore:
                 path = directory / name
                 if path.exists():
                     tar.add(path, arcname=name, recursive=False)
-        store = await self._bucket()
-        name = _name(shard, epoch)
-        await store.put(name, buffer.getvalue())
-        for older in await self._names(shard):
-            if older < name:
+        async with asyncio.timeout(_TIMEOUT_S):
+            store, pointers = await self._buckets()
+            name = _name(shard, epoch)
+            await store.put(name, buffer.getvalue())
+            previous = await self._point(pointers, shard, epoch, name)
+            if previous is not None and previous != name:
                 with contextlib.suppress(NotFoundError):
-                    await store.delete(older)
+                    await store.delete(previous)
 
-    async def _names(self, shard: str) -> list[str]:
-        store = await self._bucket()
-        try:
-            infos = await store.list(ignore_deletes=True)
-        except NotFoundError:  # an empty store
-            return []
-        prefix = shard + "."
-        return sorted(i.name for i in infos if i.name.startswith(prefix) and not i.deleted)
+    async def _point(self, pointers: KeyValue, shard: str, epoch: int, name: str) -> str | None:
+        """Point ``shard`` at ``name`` unless a later epoch's object is pointed at
+        already; the object pointed at before."""
+        value = json.dumps({"object": name, "epoch": epoch}).encode()
+        while True:
+            try:
+                entry = await pointers.get(shard)
+            except KeyNotFoundError:
+                try:
+                    await pointers.create(shard, value)
+                    return None
+                except KeyWrongLastSequenceError:
+                    continue  # created meanwhile: read it
+            current = json.loads(entry.value or b"{}")
+            if int(current.get("epoch", 0)) > epoch:
+                return name  # deposed: ours is not the latest, delete it
+            try:
+                await pointers.update(shard, value, last=entry.revision)
+            except KeyWrongLastSequenceError:
+                continue
+            return str(current.get("object")) if current.get("object") else None
 
     async def get(self, shard: str, directory: Path) -> dict[str, int] | None:
         """Unpack the latest checkpoint of ``shard`` into ``directory``; its meta, or
         ``None`` if the shard never took one."""
-        names = await self._names(shard)
-        if not names:
-            return None
-        store = await self._bucket()
-        try:
-            result = await store.get(names[-1])
-        except NotFoundError:
-            return None
+        async with asyncio.timeout(_TIMEOUT_S):
+            store, pointers = await self._buckets()
+            try:
+                entry = await pointers.get(shard)
+            except KeyNotFoundError:
+                return None
+            name = json.loads(entry.value or b"{}").get("object")
+            if not name:
+                return None
+            result = await store.get(name)
         data = result.data
         if not data:
-            return None
+            raise RuntimeError(f"shard {shard}: checkpoint object {name} is empty")
         directory.mkdir(parents=True, exist_ok=True)
         with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
             member = tar.extractfile(_META)
@@ -98,12 +132,6 @@ class CheckpointStore:
                 if info.name != _META:
                     tar.extract(info, directory, filter="data")
         return meta
-
-    async def delete(self, shard: str) -> None:
-        store = await self._bucket()
-        for name in await self._names(shard):
-            with contextlib.suppress(NotFoundError):
-                await store.delete(name)
 
 
 def _name(shard: str, epoch: int) -> str:

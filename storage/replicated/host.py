@@ -33,6 +33,7 @@ __all__ = ["ShardHost"]
 
 log = logging.getLogger(__name__)
 
+_CLOSE_TIMEOUT_S = 60.0
 NodeFactory = Callable[[Engine, str, int], StorageNode]  # engine, shard, epoch
 
 
@@ -159,7 +160,14 @@ class ShardHost(Service):
 
     async def _drop(self, shard: str, *, release: bool) -> None:
         served = self.served.pop(shard)
-        await served.node.close()
+        try:
+            # Closing checkpoints (bounded calls to NATS); a hand-over must not wait
+            # for ever on one, the stream has every acknowledged record anyway.
+            async with asyncio.timeout(_CLOSE_TIMEOUT_S):
+                await served.node.close()
+        except TimeoutError:
+            log.error("shard %s: closing took over %.0f s; giving it up", shard, _CLOSE_TIMEOUT_S)
+            served.log.lose(TimeoutError("closing timed out"))
         await served.held.keeper.stop(release=release)
         log.info("shard %s: no longer served here", shard)
 
