@@ -16,11 +16,15 @@ from kafka import KafkaConsumer, KafkaProducer
 from paho.mqtt.enums import CallbackAPIVersion
 from pika.adapters.blocking_connection import BlockingChannel
 
+from polymq.gateway.accounts import ANONYMOUS
+from polymq.gateway.processor import Caller
+from polymq.storage.model import DEFAULT_NAMESPACE
 from tests.live_server import LiveServer, live_gateways
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 WAIT_S = 30.0
+CALLER = Caller(principal=ANONYMOUS, namespace=DEFAULT_NAMESPACE, protocol="test")
 
 
 @pytest.fixture(scope="module")
@@ -179,3 +183,44 @@ def test_rabbitmq_mqtt_convention_on_amq_topic(gateways: list[LiveServer]) -> No
         connection.close()
         client.loop_stop()
         client.disconnect()
+
+
+def test_the_operator_excludes_exchanges_by_pattern_without_client_changes(
+    tmp_path_factory: pytest.TempPathFactory, server_form: str
+) -> None:
+    """``[amqp] natural_topics_exclude``: an excluded exchange makes no topic and is
+    not fed; the others still are."""
+    overrides = {"amqp.natural_topics_exclude": "private-*"}
+    with live_gateways(
+        tmp_path_factory.mktemp("natural-exclude"), ("amqp", "kafka"), 1, overrides=overrides
+    ) as (server,):
+        connection, ch = _channel(server)
+        try:
+            hidden, shown = _name("private"), _name("public")
+            for exchange in (hidden, shown):
+                ch.exchange_declare(exchange, "fanout", durable=True)
+                ch.basic_publish(exchange, "k", b"x")
+            topics = server.call(lambda: server.gateway.processor.list_topics(CALLER))
+            names = {t.name for t in topics}
+            assert shown in names and hidden not in names
+        finally:
+            connection.close()
+
+
+def test_natural_names_can_be_turned_off(
+    tmp_path_factory: pytest.TempPathFactory, server_form: str
+) -> None:
+    overrides = {"amqp.natural_topics": "false"}
+    with live_gateways(
+        tmp_path_factory.mktemp("natural-off"), ("amqp",), 1, overrides=overrides
+    ) as (server,):
+        connection, ch = _channel(server)
+        try:
+            exchange = _name("plain")
+            ch.exchange_declare(exchange, "fanout", durable=True)
+            ch.basic_publish(exchange, "k", b"x")
+            ch.basic_publish("amq.topic", f"{exchange}.a", b"x")
+            topics = server.call(lambda: server.gateway.processor.list_topics(CALLER))
+            assert exchange not in {t.name for t in topics}
+        finally:
+            connection.close()
