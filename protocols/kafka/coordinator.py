@@ -16,11 +16,13 @@ the coordinator only relays it, fencing stale generations.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import struct
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 from kio.schema.errors import ErrorCode
 
@@ -293,6 +295,73 @@ class GroupCoordinator:
             return ErrorCode.rebalance_in_progress
         return ErrorCode.none
 
+    # -- hand-over between gateways ---------------------------------------------------
+
+    def knows(self, namespace: str, group_id: str, member_id: str) -> bool:
+        group = self._groups.get((namespace, group_id))
+        return group is not None and member_id in group.members
+
+    def snapshot(self, namespace: str, group_id: str) -> dict[str, Any] | None:
+        """A stable generation as JSON, for the gateway that takes the group over
+        (Kafka writes the same to __consumer_offsets); None in any other state."""
+        group = self._groups.get((namespace, group_id))
+        if group is None or group.state is not GroupState.STABLE:
+            return None
+        return {
+            "generation": group.generation,
+            "protocol_type": group.protocol_type,
+            "protocol_name": group.protocol_name,
+            "leader": group.leader,
+            "members": [
+                {
+                    "member_id": m.member_id,
+                    "group_instance_id": m.group_instance_id,
+                    "client_id": m.client_id,
+                    "client_host": m.client_host,
+                    "session_timeout_s": m.session_timeout_s,
+                    "rebalance_timeout_s": m.rebalance_timeout_s,
+                    "protocols": [[name, _b64(meta)] for name, meta in m.protocols],
+                    "assignment": _b64(m.assignment),
+                }
+                for m in group.members.values()
+            ],
+        }
+
+    def restore(self, namespace: str, group_id: str, stored: dict[str, Any]) -> bool:
+        """Carry on the generation another gateway coordinated (:meth:`snapshot`), so
+        its members heartbeat and commit here as they did there. Never over a group
+        with members of its own, nor over a generation this gateway has moved past
+        (a member that expired here is not brought back by what this gateway stored
+        itself). Members that do not come expire as usual."""
+        group = self._groups.get((namespace, group_id))
+        generation = int(stored["generation"])
+        if group is not None and (group.members or group.generation >= generation):
+            return False
+        self._start_sweeper()
+        now = _now()
+        group = _Group(
+            group_id,
+            state=GroupState.STABLE,
+            generation=generation,
+            protocol_type=stored["protocol_type"],
+            protocol_name=stored["protocol_name"],
+            leader=stored["leader"],
+        )
+        for m in stored["members"]:
+            group.members[m["member_id"]] = _Member(
+                member_id=m["member_id"],
+                group_instance_id=m["group_instance_id"],
+                client_id=m["client_id"],
+                client_host=m["client_host"],
+                session_timeout_s=float(m["session_timeout_s"]),
+                rebalance_timeout_s=float(m["rebalance_timeout_s"]),
+                protocols=[(name, _unb64(meta)) for name, meta in m["protocols"]],
+                last_seen=now,
+                assignment=_unb64(m["assignment"]),
+            )
+        self._groups[(namespace, group_id)] = group
+        return True
+
     # -- inspection ----------------------------------------------------------------
 
     def describe(self, namespace: str, group_id: str) -> tuple[GroupState, _Group] | None:
@@ -505,6 +574,14 @@ class GroupCoordinator:
                 )
                 if not waiting and now - member.last_seen > member.session_timeout_s:
                     self._remove(group, member)
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _unb64(text: str) -> bytes:
+    return base64.b64decode(text)
 
 
 def _view(member: _Member, protocol: str | None) -> MemberView:

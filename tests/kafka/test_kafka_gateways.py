@@ -508,3 +508,39 @@ def test_a_group_moves_on_when_its_coordinator_leaves(tmp_path: Path) -> None:
             consumer.close()
     assert [int(m.value() or b"") for m in first] == list(range(10))
     assert [int(m.value() or b"") for m in second] == list(range(10, 20))
+
+
+def test_a_member_commits_at_the_new_coordinator_before_any_heartbeat(tmp_path: Path) -> None:
+    """The new coordinator carries on the generation the old one stored: a member that
+    commits there before its next heartbeat (librdkafka keeps fetching its assignment
+    meanwhile) is known, and its commit is taken. Without the stored generation it got
+    UNKNOWN_MEMBER_ID; the heartbeat interval here makes that race certain."""
+    with gateways(tmp_path, IDS, {"kafka": kafka_listener}) as live:
+        topic = f"carried-{next(_names)}"
+        group = _key_owned_by(live, IDS[1], "carry")
+        bootstrap = live.bootstrap(IDS[0])
+        producer = confluent_producer(bootstrap)
+        for i in range(10):
+            producer.produce(topic, value=b"%d" % i)
+        assert producer.flush(30) == 0
+        consumer = confluent_consumer(
+            bootstrap,
+            group,
+            **{"session.timeout.ms": 30000, "heartbeat.interval.ms": 10000},
+        )
+        consumer.subscribe([topic])
+        try:
+            got = confluent_consume(consumer, 10)
+            leaving = live.gateways[IDS[1]]
+            live.listed["kafka"] = [e for e in live.listed["kafka"] if e.gateway_id != IDS[1]]
+            live.call(leaving.close)
+            consumer.commit(asynchronous=False)
+            ends: dict[int, int] = {}
+            for m in got:
+                partition, offset = m.partition(), m.offset()
+                assert partition is not None and offset is not None
+                ends[partition] = max(ends.get(partition, 0), offset + 1)
+            committed = consumer.committed([TopicPartition(topic, p) for p in ends], timeout=30)
+        finally:
+            consumer.close()
+    assert {tp.partition: tp.offset for tp in committed} == ends

@@ -335,6 +335,50 @@ async def test_coordinator_fences_generations_and_expires_silent_members() -> No
         await coordinator.close()
 
 
+async def test_a_stored_generation_is_carried_on_elsewhere_but_not_revived_here() -> None:
+    """Another gateway restores a stable generation (its member heartbeats and commits
+    there at once); the gateway that stored it and has since moved past it (the member
+    expired) refuses it, so an expired member is not brought back."""
+    old, new = GroupCoordinator(), GroupCoordinator()
+    join = dict(
+        group_instance_id=None,
+        client_id="c",
+        client_host="/h",
+        session_timeout_ms=200,
+        rebalance_timeout_ms=200,
+        protocol_type="consumer",
+        protocols=[("range", b"m")],
+    )
+    try:
+        first = await old.join("ns", "g", member_id="", **join)  # type: ignore[arg-type]
+        assert old.snapshot("ns", "g") is None  # not stable yet
+        await old.sync(
+            "ns",
+            "g",
+            member_id=first.member_id,
+            generation=first.generation,
+            assignments={first.member_id: b"a1"},
+        )
+        stored = old.snapshot("ns", "g")
+        assert stored is not None
+        assert new.restore("ns", "g", stored)
+        assert new.heartbeat("ns", "g", first.member_id, first.generation) is ErrorCode.none
+        assert new.check_commit("ns", "g", first.member_id, first.generation) is ErrorCode.none
+        assert not new.restore("ns", "g", stored)  # it has members of its own now
+        synced = await new.sync(
+            "ns", "g", member_id=first.member_id, generation=first.generation, assignments={}
+        )
+        assert synced.assignment == b"a1"
+        old.expire(asyncio.get_running_loop().time() + 1)
+        assert not old.restore("ns", "g", stored)
+        assert old.heartbeat("ns", "g", first.member_id, first.generation) is (
+            ErrorCode.unknown_member_id
+        )
+    finally:
+        await old.close()
+        await new.close()
+
+
 def _kip848_consumer(bootstrap: str, group: str) -> Consumer:
     """Session timeout and heartbeat interval are the broker's under KIP-848."""
     return Consumer(

@@ -13,6 +13,7 @@ from polymq.gateway.accounts import AuthError
 from polymq.protocols.kafka.codec import ms
 from polymq.protocols.kafka.coordinator import GroupState
 from polymq.protocols.kafka.errors import coordinator_error
+from polymq.protocols.kafka.group_log import adopt_group, save_group
 from polymq.protocols.kafka.session import Session
 from polymq.storage.errors import StorageError, StorageUnavailable
 
@@ -109,6 +110,7 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
 async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
+    await adopt_group(session, request.group_id, request.member_id)
     result = await session.services.coordinator.sync(
         session.namespace,
         request.group_id,
@@ -116,6 +118,8 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
         generation=request.generation_id,
         assignments={a.member_id: a.assignment for a in request.assignments},
     )
+    if result.error is ErrorCode.none and request.assignments:
+        await save_group(session, request.group_id)  # the leader's sync: a new generation
     return {
         "throttle_time": 0,
         "error_code": result.error,
@@ -128,6 +132,7 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
 async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
+    await adopt_group(session, request.group_id, request.member_id)
     error = session.services.coordinator.heartbeat(
         session.namespace, request.group_id, request.member_id, request.generation_id
     )
@@ -160,6 +165,7 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
             session.namespace, request.group_id, request.member_id
         )
     else:
+        await adopt_group(session, request.group_id, request.member_id)
         check = session.services.coordinator.check_commit(
             session.namespace,
             request.group_id,
