@@ -126,6 +126,15 @@ async def _serving(nameserver: str, queue: str) -> tuple[str, NodeStatus] | None
     return shard, max(nodes, key=lambda n: n.epoch)
 
 
+async def _home(nameserver: str, queue: str) -> tuple[str, NodeStatus] | None:
+    """The queue's shard and its node if the process preferring it (node-i for
+    shard-i, as ``layout(..., replicas=3)`` has them) serves it."""
+    served = await _serving(nameserver, queue)
+    if served is None or served[1].owner != "node-" + served[0].removeprefix("shard-"):
+        return None
+    return served
+
+
 async def _until(what: str, check: Callable[[], Awaitable[_T | None]]) -> _T:
     deadline = time.monotonic() + _WAIT_S
     while True:
@@ -181,7 +190,12 @@ async def measure_takeovers(form: Form, kills: int, rate: int, settle_s: float) 
             await producer.acked_after(time.monotonic())
             for _ in range(kills):
                 await asyncio.sleep(settle_s)
-                shard, node = await _until("the queue's shard", lambda: _serving(nameserver, queue))
+                # Each kill is of the process that prefers the shard, serving it: a start
+                # or an earlier hand-back may have left it elsewhere for a while.
+                shard, node = await _until(
+                    "the queue's shard on the process preferring it",
+                    lambda: _home(nameserver, queue),
+                )
                 victim = node.owner.replace("node-", "storage-", 1)
                 process = form.cluster.children[victim].process
                 assert process is not None
@@ -194,12 +208,7 @@ async def measure_takeovers(form: Form, kills: int, rate: int, settle_s: float) 
                 result.victims.append(victim)
                 restarted = time.monotonic()
                 await form.cluster.start(victim)
-
-                async def back(shard: str = shard, owner: str = node.owner) -> bool | None:
-                    now = await _serving(nameserver, queue)
-                    return (now is not None and now[0] == shard and now[1].owner == owner) or None
-
-                await _until(f"{shard} handed back to {victim}", back)
+                await _until(f"{shard} handed back to {victim}", lambda: _home(nameserver, queue))
                 result.handback_s.append(time.monotonic() - restarted)
                 await producer.acked_after(time.monotonic())
             await asyncio.sleep(settle_s)
