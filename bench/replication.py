@@ -229,10 +229,12 @@ def print_takeovers(t: Takeovers) -> None:
     if t.takeover_s:
         print(
             f"{len(t.takeover_s):>5} {statistics.median(t.takeover_s):>9.2f}"
-            f" {max(t.takeover_s):>7.2f} {statistics.median(t.handback_s):>19.2f}"
-            f" {max(t.handback_s):>7.2f}"
+            f" {max(t.takeover_s):>7.2f} {statistics.median(t.handback_s or [0.0]):>19.2f}"
+            f" {max(t.handback_s or [0.0]):>7.2f}"
         )
     print("each takeover s: " + ", ".join(f"{s:.2f}" for s in t.takeover_s))
+    if t.away:
+        print("killed away from its preferred shard (no hand-back): " + ", ".join(t.away))
     print(
         f"acknowledged {t.acknowledged}, failed (not acknowledged) {t.failed},"
         f" in the queue at the end {t.received}, acknowledged and lost {t.lost}"

@@ -35,6 +35,7 @@ __all__ = ["Takeovers", "measure_takeovers"]
 
 _JSON = {"Accept": "application/json", "Content-Type": "application/json"}
 _T = TypeVar("_T")
+_HOME_WAIT_S = 20.0  # for a shard to be on the process preferring it before a kill
 _WAIT_S = 90.0  # for a takeover, a restart's hand-back, a route: generous, never asserted
 
 
@@ -47,6 +48,8 @@ class Takeovers:
     takeover_s: list[float] = field(default_factory=list)
     handback_s: list[float] = field(default_factory=list)
     victims: list[str] = field(default_factory=list)
+    away: list[str] = field(default_factory=list)  # killed while serving a shard it does
+    # not prefer: no hand-back to wait for (the shard went to the process preferring it)
     acknowledged: int = 0
     failed: int = 0  # answered with an error or not at all (maybe stored: at least once)
     received: int = 0
@@ -135,8 +138,10 @@ async def _home(nameserver: str, queue: str) -> tuple[str, NodeStatus] | None:
     return served
 
 
-async def _until(what: str, check: Callable[[], Awaitable[_T | None]]) -> _T:
-    deadline = time.monotonic() + _WAIT_S
+async def _until(
+    what: str, check: Callable[[], Awaitable[_T | None]], wait_s: float = _WAIT_S
+) -> _T:
+    deadline = time.monotonic() + wait_s
     while True:
         result = await check()
         if result:
@@ -190,12 +195,15 @@ async def measure_takeovers(form: Form, kills: int, rate: int, settle_s: float) 
             await producer.acked_after(time.monotonic())
             for _ in range(kills):
                 await asyncio.sleep(settle_s)
-                # Each kill is of the process that prefers the shard, serving it: a start
-                # or an earlier hand-back may have left it elsewhere for a while.
-                shard, node = await _until(
-                    "the queue's shard on the process preferring it",
-                    lambda: _home(nameserver, queue),
-                )
+                # The process that prefers the shard, serving it, if it does so within
+                # a while (a start side by side can leave a shard elsewhere); else
+                # whichever serves it, whose restart is then no hand-back.
+                shard, node = await _until("the queue's shard", lambda: _serving(nameserver, queue))
+                with contextlib.suppress(TimeoutError):
+                    shard, node = await _until(
+                        "the shard at home", lambda: _home(nameserver, queue), _HOME_WAIT_S
+                    )
+                home = node.owner == "node-" + shard.removeprefix("shard-")
                 victim = node.owner.replace("node-", "storage-", 1)
                 process = form.cluster.children[victim].process
                 assert process is not None
@@ -208,8 +216,11 @@ async def measure_takeovers(form: Form, kills: int, rate: int, settle_s: float) 
                 result.victims.append(victim)
                 restarted = time.monotonic()
                 await form.cluster.start(victim)
-                await _until(f"{shard} handed back to {victim}", lambda: _home(nameserver, queue))
-                result.handback_s.append(time.monotonic() - restarted)
+                if home:
+                    await _until(f"{shard} back to {victim}", lambda: _home(nameserver, queue))
+                    result.handback_s.append(time.monotonic() - restarted)
+                else:
+                    result.away.append(f"{shard} on {victim}")
                 await producer.acked_after(time.monotonic())
             await asyncio.sleep(settle_s)
         finally:
