@@ -19,12 +19,13 @@ whole record, over them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy, StorageType, StreamConfig
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, StreamConfig
 from nats.js.errors import APIError, NotFoundError
 
 from polymq.storage.errors import ShardMoved, StorageFailed
@@ -38,6 +39,8 @@ CONTINUED = "Polymq-Continued"
 EPOCH = "Polymq-Epoch"
 _WRONG_LAST_SEQUENCE = 10071
 DEFAULT_CHUNK_BYTES = 1000 * 1024  # under the server's default max_payload of 1 MiB
+_REPLAY_BATCH = 64
+_REPLAY_ATTEMPTS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,32 +111,69 @@ class ShardStream:
         return info.state.last_seq
 
     async def replay(self) -> AsyncIterator[StreamMessage]:
-        """Every message from the first one kept, up to the last one now."""
-        last = await self.last_sequence()
+        """Every message from the first one kept, up to the last one now, each once
+        and in sequence order. Messages are pulled in batches (a push subscription
+        drops messages when its reader falls behind), and the sequence is checked:
+        only the start is ever purged, so the sequences kept follow each other
+        without a gap, and a gap seen is a message this reader missed: it pulls
+        again from there."""
+        info = await self._js.stream_info(self.name)
+        first, last = info.state.first_seq, info.state.last_seq
         self.last_seq = last
-        if last == 0:
+        if last == 0 or first > last:
             return
-        sub = await self._js.subscribe(
-            self.subject,
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-            pending_msgs_limit=4096,
-        )
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=30)
-                headers = msg.headers or {}
-                seq = msg.metadata.sequence.stream
-                yield StreamMessage(
-                    seq=seq,
-                    position=int(headers.get(POSITION, "0")),
-                    continued=CONTINUED in headers,
-                    data=msg.data,
+        expected = first
+        attempts = 0
+        while expected <= last:
+            attempts += 1
+            if attempts > _REPLAY_ATTEMPTS:
+                raise StorageFailed(
+                    f"shard {self.shard}: cannot read stream message {expected} of "
+                    f"{self.name} after {_REPLAY_ATTEMPTS} attempts"
                 )
-                if seq >= last:
-                    return
-        finally:
-            await sub.unsubscribe()
+            sub = await self._js.pull_subscribe(
+                self.subject,
+                stream=self.name,
+                config=ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=expected,
+                    ack_policy=AckPolicy.NONE,
+                    inactive_threshold=30.0,
+                ),
+            )
+            try:
+                while expected <= last:
+                    try:
+                        batch = await sub.fetch(min(_REPLAY_BATCH, last - expected + 1), timeout=10)
+                    except TimeoutError:
+                        break  # pull again, from a new consumer
+                    gap = False
+                    for msg in batch:
+                        seq = msg.metadata.sequence.stream
+                        if seq < expected:
+                            continue
+                        if seq > expected:
+                            gap = True
+                            break
+                        headers = msg.headers or {}
+                        yield StreamMessage(
+                            seq=seq,
+                            position=int(headers.get(POSITION, "0")),
+                            continued=CONTINUED in headers,
+                            data=msg.data,
+                        )
+                        expected += 1
+                        attempts = 0
+                    if gap:
+                        log.warning(
+                            "shard %s: replay missed message %d; pulling again",
+                            self.shard,
+                            expected,
+                        )
+                        break
+            finally:
+                with contextlib.suppress(Exception):
+                    await sub.unsubscribe()
 
     async def publish(self, position: int, data: bytes) -> list[tuple[int, int, bool]]:
         """Append ``data`` (whole records) at ``position``; returns ``(position, seq,
