@@ -12,9 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.chaos_report import HEADER
-
 ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # bench/ is a folder of scripts, not an installed package
+    sys.path.insert(0, str(ROOT))
+
+from bench.chaos_report import HEADER  # noqa: E402
+
 PROTOCOLS = ("kafka", "amqp", "mqtt", "rocketmq", "mns")
 
 
