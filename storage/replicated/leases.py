@@ -26,7 +26,6 @@ from nats.js.errors import (
     BucketNotFoundError,
     KeyNotFoundError,
     KeyWrongLastSequenceError,
-    NoKeysError,
 )
 from nats.js.kv import KeyValue
 
@@ -136,13 +135,15 @@ class LeaseStore:
         await self.nodes.put(node, json.dumps({"prefer": prefer}).encode())
 
     async def preferences(self) -> dict[str, list[str]]:
-        """The live nodes and the shards each prefers."""
-        try:
-            keys = await self.nodes.keys()
-        except NoKeysError:
-            return {}
+        """The live nodes and the shards each prefers. The keys come from one stream
+        info request (the KV client's key listing waits on a watcher with no bound,
+        and a placement step must never hang on it)."""
+        info = await self._js.stream_info(
+            f"KV_{NODE_BUCKET}", subjects_filter=f"$KV.{NODE_BUCKET}.>"
+        )
         found = {}
-        for key in keys:
+        for subject in info.state.subjects or {}:
+            key = subject.removeprefix(f"$KV.{NODE_BUCKET}.")
             try:
                 entry = await self.nodes.get(key)
             except KeyNotFoundError:
