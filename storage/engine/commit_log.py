@@ -174,8 +174,12 @@ class CommitLog:
         del self._bases[index:]
         self._fsync_dir()
 
+    def _segment_path(self, base: int) -> Path:
+        """Segment files are named by the position of their first byte."""
+        return self._dir / f"{base:0{_NAME_DIGITS}d}.log"
+
     def _create_segment(self, base: int) -> _Segment:
-        path = self._dir / f"{base:0{_NAME_DIGITS}d}.log"
+        path = self._segment_path(base)
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         segment = _Segment(base, path, fd, 0)
         self._add_segment(segment)

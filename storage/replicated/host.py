@@ -170,7 +170,3 @@ class ShardHost(Service):
             served.log.lose(TimeoutError("closing timed out"))
         await served.held.keeper.stop(release=release)
         log.info("shard %s: no longer served here", shard)
-
-    def status(self) -> dict[str, int]:
-        """The shards served here and their epochs."""
-        return {shard: served.held.claim.epoch for shard, served in self.served.items()}

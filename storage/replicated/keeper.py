@@ -35,9 +35,6 @@ class LeaseKeeper:
             self._renew_loop(), name=f"polymq-lease-{self.lease.shard}"
         )
 
-    def valid(self) -> bool:
-        return not self.lost and self.lease.valid()
-
     async def _renew_loop(self) -> None:
         # Overdue by our own clock is not lost: only a refused renewal is (the key
         # expired on the server, or another node created it). A slow NATS or a busy

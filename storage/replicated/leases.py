@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from dataclasses import dataclass
 
 from nats.js import JetStreamContext
@@ -41,12 +40,7 @@ class Lease:
     owner: str
     epoch: int
     revision: int
-    renewed_at: float  # time.monotonic() when the last successful renewal was sent
     ttl_s: float
-
-    def valid(self, margin: float = 0.25) -> bool:
-        """Still ours by our own clock, with ``margin`` of the ttl to spare."""
-        return time.monotonic() - self.renewed_at < self.ttl_s * (1 - margin)
 
 
 class LeaseStore:
@@ -87,17 +81,15 @@ class LeaseStore:
 
     async def acquire(self, shard: str, owner: str) -> Lease | None:
         """The lease of ``shard`` if nobody holds it, else ``None``."""
-        sent = time.monotonic()
         value = json.dumps({"owner": owner}).encode()
         try:
             revision = await self.leases.create(shard, value)
         except KeyWrongLastSequenceError:
             return None
-        return Lease(shard, owner, revision, revision, sent, self.ttl_s)
+        return Lease(shard, owner, revision, revision, self.ttl_s)
 
     async def renew(self, lease: Lease) -> bool:
         """Extend ``lease``; ``False`` if it was lost (expired, taken)."""
-        sent = time.monotonic()
         value = json.dumps({"owner": lease.owner, "epoch": lease.epoch}).encode()
         try:
             lease.revision = await self.leases.update(lease.shard, value, last=lease.revision)
@@ -111,7 +103,6 @@ class LeaseStore:
             if entry.value != value or entry.revision is None:
                 return False
             lease.revision = entry.revision
-        lease.renewed_at = sent
         return True
 
     async def release(self, lease: Lease) -> None:

@@ -32,7 +32,6 @@ from polymq.storage.replicated.stream import ShardStream
 __all__ = ["Claim", "ReplicatedLog"]
 
 log = logging.getLogger(__name__)
-_NAME_DIGITS = 20
 # Purge points are kept about this far apart (at most, and a quarter segment at most):
 # a purge keeps up to this much more than retention asked, and the list stays short
 # however many batches are published.
@@ -172,9 +171,6 @@ class ReplicatedLog(CommitLog):
             if handle is not None:
                 handle.close()
         return count
-
-    def _segment_path(self, base: int) -> Path:
-        return self._dir / f"{base:0{_NAME_DIGITS}d}.log"
 
     async def seal(self) -> None:
         await self.stream.seal(self.end, self.epoch)
