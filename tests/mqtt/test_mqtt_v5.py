@@ -186,9 +186,13 @@ def test_inbound_qos2_resend_is_stored_once(tmp_path: Path) -> None:
         assert isinstance(raw.receive(), codec.PubRec)
         raw.send(codec.PubRel(packet_id=10))
         assert isinstance(raw.receive(), codec.PubComp)
-        # Messages from one client on one topic keep their order: a duplicate of "x"
-        # would arrive before this barrier.
-        raw.send(codec.Publish(topic="once", payload=b"barrier", qos=0))
+        # Messages from one client on one topic and at one QoS keep their order (§4.6
+        # orders per topic and QoS, so the barrier is QoS 2 too): a duplicate of "x"
+        # would arrive before it.
+        raw.send(codec.Publish(topic="once", payload=b"barrier", qos=2, packet_id=11))
+        assert isinstance(raw.receive(), codec.PubRec)
+        raw.send(codec.PubRel(packet_id=11))
+        assert isinstance(raw.receive(), codec.PubComp)
         sub.wait_messages(3)
         assert [m.payload for m in sub.messages] == [b"x", b"next", b"barrier"]
 
