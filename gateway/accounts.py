@@ -10,6 +10,7 @@ import hmac
 from dataclasses import dataclass
 
 from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.permissions import Rule, expand_operations
 from polymq.storage.model import DEFAULT_NAMESPACE
 
 __all__ = [
@@ -44,12 +45,14 @@ class AccessDenied(AuthError):
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Principal:
     """An authenticated identity. ``admin`` may use every namespace and create or
-    delete namespaces; otherwise only those in ``namespaces``."""
+    delete namespaces; otherwise only those in ``namespaces``. ``permissions``: its
+    configured rules (:mod:`gateway.permissions`), narrowing what it may do there."""
 
     name: str
     namespaces: frozenset[str]
     default_namespace: str
     admin: bool = False
+    permissions: tuple[Rule, ...] = ()
 
     def may_use(self, namespace: str) -> bool:
         return self.admin or namespace in self.namespaces
@@ -126,6 +129,10 @@ class Accounts:
             raise AuthenticationFailed("unknown access key")
         return found
 
+    def rules(self) -> list[Rule]:
+        """Every account's configured permission rules (read-only)."""
+        return [rule for _, principal in self._by_user.values() for rule in principal.permissions]
+
     def authorize(self, principal: Principal, namespace: str) -> None:
         if not principal.may_use(namespace):
             raise AccessDenied(f"{principal.name!r} may not use namespace {namespace!r}")
@@ -133,9 +140,22 @@ class Accounts:
 
 def _principal(account: AccountConfig) -> Principal:
     namespaces = account.namespaces or (DEFAULT_NAMESPACE,)
+    default = account.default_namespace or namespaces[0]
     return Principal(
         name=account.user,
         namespaces=frozenset(namespaces),
-        default_namespace=account.default_namespace or namespaces[0],
+        default_namespace=default,
         admin=account.admin,
+        permissions=tuple(
+            Rule(
+                principal=account.user,
+                namespace=p.namespace or default,
+                resource=p.resource,
+                pattern=p.pattern,
+                match=p.match,
+                operations=expand_operations(p.operations),
+                effect=p.effect,
+            )
+            for p in account.permissions
+        ),
     )

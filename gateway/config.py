@@ -18,6 +18,7 @@ from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
+from polymq.gateway.permissions import RuleError, expand_operations
 from polymq.nameserver.config import NameserverConfig
 from polymq.navigation.config import NavigationConfig
 from polymq.storage.model import DEFAULT_NAMESPACE
@@ -48,6 +49,7 @@ __all__ = [
     "NameserverConfig",
     "NavigationConfig",
     "NodeConfig",
+    "PermissionConfig",
     "ReplicationConfig",
     "RocketMQConfig",
     "ServerConfig",
@@ -122,9 +124,25 @@ class StorageConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class PermissionConfig:
+    """One permission rule of an account (docs/permissions.md): ``effect`` the
+    ``operations`` (create, write, read, describe, delete, admin, or all) on the
+    ``resource`` kind (topic, group, transactional_id) whose names ``match`` (literal,
+    prefix or glob) ``pattern``, in ``namespace`` (the account's default if empty)."""
+
+    resource: Literal["topic", "group", "transactional_id"]
+    pattern: str
+    operations: tuple[str, ...]
+    match: Literal["literal", "prefix", "glob"] = "glob"
+    effect: Literal["allow", "deny"] = "allow"
+    namespace: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AccountConfig:
     """One tenant user. ``namespaces`` are those it may use; the first is its default
-    unless ``default_namespace`` says otherwise. ``admin`` may use every namespace."""
+    unless ``default_namespace`` says otherwise. ``admin`` may use every namespace.
+    ``permissions``: rules narrowing what it may do there; none keeps it all."""
 
     user: str
     password: str | None = None
@@ -133,6 +151,7 @@ class AccountConfig:
     namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
     default_namespace: str | None = None
     admin: bool = False
+    permissions: tuple[PermissionConfig, ...] = ()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -540,3 +559,10 @@ def _validate_accounts(auth: AuthConfig) -> None:
             raise ConfigError(
                 f"{where!r}: 'default_namespace' {default!r} is not in its 'namespaces'"
             )
+        for j, rule in enumerate(account.permissions):
+            try:
+                expand_operations(rule.operations)
+            except RuleError as e:
+                raise ConfigError(f"'{where}.permissions[{j}]': {e}") from None
+            if not rule.pattern and rule.match != "prefix":
+                raise ConfigError(f"'{where}.permissions[{j}]': 'pattern' is empty")

@@ -16,7 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from polymq.gateway.accounts import AccessDenied, Accounts, Principal
+from polymq.gateway.authorizer import Authorizer
 from polymq.gateway.metering import Metering
+from polymq.gateway.permissions import Operation, ResourceKind
 from polymq.storage import api
 from polymq.storage.clock import Clock
 from polymq.storage.model import (
@@ -74,6 +76,8 @@ class Processor:
         self._metering = metering
         # Adapters take the time from here, so tests can inject a manual clock.
         self.clock = clock
+        # Per-resource permissions (docs/permissions.md): adapters ask before acting.
+        self.permissions = Authorizer(storage, clock, accounts.rules())
 
     # -- checks --------------------------------------------------------------------
 
@@ -94,6 +98,22 @@ class Processor:
         if not caller.principal.admin:
             raise AccessDenied(f"{caller.principal.name!r} may not manage namespaces")
         self._accounts.authorize(caller.principal, namespace)
+
+    async def authorize(
+        self, caller: Caller, kind: ResourceKind, name: str, operation: Operation
+    ) -> None:
+        """Raise :class:`AccessDenied` unless the caller may do ``operation`` on resource
+        ``name`` of ``kind`` in its namespace; adapters call it before acting and map
+        the error to their protocol's own."""
+        await self.permissions.check(caller.principal, caller.namespace, kind, name, operation)
+
+    async def permitted(
+        self, caller: Caller, kind: ResourceKind, name: str, operation: Operation
+    ) -> bool:
+        """:meth:`authorize` as a yes or no (to filter listings)."""
+        return await self.permissions.allowed(
+            caller.principal, caller.namespace, kind, name, operation
+        )
 
     # -- namespaces ----------------------------------------------------------------
 
