@@ -120,6 +120,18 @@ class Accounts:
             raise AuthenticationFailed("bad user name or password")
         return found[1]
 
+    def by_certificate(self, name: str) -> Principal:
+        """The account a verified client certificate names (its CN, with ``[tls]
+        principal_from``): the TLS handshake proved who it is, so no password is
+        asked (RabbitMQ's EXTERNAL, Mosquitto's use_identity_as_username, Kafka's
+        SSL principal). Anyone in open mode."""
+        if self._open:
+            return ANONYMOUS
+        found = self._by_user.get(name)
+        if found is None:
+            raise AuthenticationFailed("the certificate names no account")
+        return found[1]
+
     def access_key(self, access_key: str | None) -> AccessKey:
         """The owner and secret of an access key; anyone (and no secret) in open mode."""
         if self._open:

@@ -68,6 +68,13 @@ def protocol_listeners() -> Mapping[str, ListenerFactory]:
         "mqtt_ws": mqtt_ws_listener,
         "rocketmq": rocketmq_listener,
         "http": http_listener,
+        # TLS beside them ([tls]; docs/tls.md): the same servers over the live context.
+        "kafka_tls": kafka_listener,
+        "amqps": amqp_listener,
+        "mqtts": mqtt_listener,
+        "mqtt_wss": mqtt_ws_listener,
+        "rocketmq_tls": rocketmq_listener,
+        "https": http_listener,
     }
 
 

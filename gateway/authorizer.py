@@ -75,7 +75,8 @@ class Authorizer:
         if not await self.allowed(principal, namespace, kind, name, operation):
             raise AccessDenied(
                 f"{principal.name!r} may not {operation} {kind.replace('_', ' ')} "
-                f"{name!r} in namespace {namespace!r}"
+                f"{name!r} in namespace {namespace!r}",
+                resource=kind,
             )
 
     async def rules_of(self, principal: Principal, namespace: str) -> list[Rule]:

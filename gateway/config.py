@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ENV_PREFIX",
     "LISTENER_NAMES",
+    "TLS_LISTENERS",
     "AccountConfig",
     "AmqpConfig",
     "AuthConfig",
@@ -54,6 +55,7 @@ __all__ = [
     "RocketMQConfig",
     "ServerConfig",
     "StorageConfig",
+    "TlsConfig",
     "engine_config",
     "load_config",
 ]
@@ -99,6 +101,14 @@ class ListenersConfig:
     mqtt_ws: ListenerConfig = ListenerConfig(port=8083)
     rocketmq: ListenerConfig = ListenerConfig(port=8081)
     http: ListenerConfig = ListenerConfig(port=8080)
+    # TLS beside each plaintext listener (docs/tls.md), served once [tls] names a
+    # certificate: Kafka SSL/SASL_SSL, AMQPS, MQTTS, MQTT over WSS, gRPC over TLS, HTTPS.
+    kafka_tls: ListenerConfig = ListenerConfig(port=9093)
+    amqps: ListenerConfig = ListenerConfig(port=5671)
+    mqtts: ListenerConfig = ListenerConfig(port=8883)
+    mqtt_wss: ListenerConfig = ListenerConfig(port=8084)
+    rocketmq_tls: ListenerConfig = ListenerConfig(port=8082)
+    https: ListenerConfig = ListenerConfig(port=8443)
 
     def items(self) -> tuple[tuple[str, ListenerConfig], ...]:
         """Listeners in start-up order (the port table's order in docs/architecture.md)."""
@@ -106,6 +116,43 @@ class ListenersConfig:
 
 
 LISTENER_NAMES: tuple[str, ...] = tuple(f.name for f in fields(ListenersConfig))
+# Each TLS listener and the plaintext listener whose protocol it serves.
+TLS_LISTENERS: Mapping[str, str] = types.MappingProxyType(
+    {
+        "kafka_tls": "kafka",
+        "amqps": "amqp",
+        "mqtts": "mqtt",
+        "mqtt_wss": "mqtt_ws",
+        "rocketmq_tls": "rocketmq",
+        "https": "http",
+    }
+)
+
+TlsVerify = Literal["none", "optional", "required"]
+TlsVersion = Literal["1.2", "1.3"]
+TlsPrincipal = Literal["none", "cn"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TlsConfig:
+    """TLS for the TLS listeners and between polymq processes (docs/tls.md). Ciphers
+    are OpenSSL's defaults. SIGHUP reloads the files into the live listeners."""
+
+    # PEM: the certificate chain (leaf first) and its private key. Unset: no TLS
+    # listener is served.
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # PEM bundle of the CAs whose client certificates are accepted (mutual TLS).
+    ca_file: Path | None = None
+    # Client certificates: not asked for, checked when sent, or required.
+    verify: TlsVerify = "none"
+    min_version: TlsVersion = "1.2"
+    # "cn": a verified client certificate's subject CN names the account (AMQP
+    # EXTERNAL, the MQTT user name, the Kafka SSL principal).
+    principal_from: TlsPrincipal = "none"
+    # Between polymq processes (storage RPC, nameserver, navigation): connect with TLS,
+    # presenting cert_file, trusting ca_file; and serve them with TLS.
+    internal: bool = False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -281,6 +328,7 @@ class GatewayConfig:
     rocketmq: RocketMQConfig = field(default_factory=RocketMQConfig)
     http: HttpConfig = field(default_factory=HttpConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    tls: TlsConfig = field(default_factory=TlsConfig)
     node: NodeConfig = field(default_factory=NodeConfig)
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     nameserver: NameserverConfig = field(default_factory=NameserverConfig)
@@ -523,6 +571,18 @@ def _validate(config: GatewayConfig) -> None:
             raise ConfigError(f"'server.namespaces[{i}]' must not be empty")
 
     _validate_accounts(config.auth)
+    _validate_tls(config.tls)
+
+
+def _validate_tls(tls: TlsConfig) -> None:
+    if (tls.cert_file is None) != (tls.key_file is None):
+        raise ConfigError("'tls.cert_file' and 'tls.key_file' go together")
+    if tls.verify != "none" and tls.ca_file is None:
+        raise ConfigError(f"'tls.verify' is {tls.verify!r} but no 'tls.ca_file' names the CAs")
+    if tls.principal_from != "none" and tls.verify == "none":
+        raise ConfigError("'tls.principal_from' needs client certificates: set 'tls.verify'")
+    if tls.internal and tls.cert_file is None:
+        raise ConfigError("'tls.internal' needs 'tls.cert_file' and 'tls.key_file'")
 
 
 def _validate_accounts(auth: AuthConfig) -> None:

@@ -13,7 +13,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from polymq.gateway.accounts import Accounts
-from polymq.gateway.config import GatewayConfig
+from polymq.gateway.config import TLS_LISTENERS, GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import (
@@ -24,6 +24,7 @@ from polymq.gateway.listeners import (
 )
 from polymq.gateway.metering import Metering
 from polymq.gateway.processor import Processor
+from polymq.gateway.tls import server_tls
 from polymq.navigation.endpoints import (
     GatewayDirectory,
     GatewayEndpoint,
@@ -76,6 +77,8 @@ class Gateway(Service):
         # Frames being read, all listeners together (gateway.fairness).
         self.frame_budget = FrameBudget(limits.max_buffered_frame_bytes)
         self.processor = Processor(storage, self.accounts, self.metering, self.clock)
+        # The TLS listeners' live context ([tls]); None: they are not served.
+        self.tls = server_tls(config.tls)
         # A factory when the directory needs the gateway itself (its endpoints, load).
         if isinstance(directory, GatewayDirectory):
             self.directory: GatewayDirectory = directory
@@ -90,7 +93,7 @@ class Gateway(Service):
         self.unbuilt = tuple(
             name
             for name, listener in config.listeners.items()
-            if listener.enabled and name not in factories
+            if listener.enabled and name not in factories and self._serves_tls(name)
         )
         self._storage_started = False
 
@@ -120,11 +123,22 @@ class Gateway(Service):
             if listener.address is not None
         }
 
+    def _serves_tls(self, name: str) -> bool:
+        """A TLS listener is served only when [tls] names a certificate."""
+        return name not in TLS_LISTENERS or self.tls is not None
+
+    def reload_tls(self) -> None:
+        """Load [tls]'s files again into the live TLS listeners (SIGHUP): new
+        connections get the new certificate, open ones carry on. Raises ConfigError
+        (and changes nothing) when a file is bad."""
+        if self.tls is not None:
+            self.tls.reload()
+
     def _build_listeners(self, factories: Mapping[str, ListenerFactory]) -> list[Listener]:
         built: list[Listener] = []
         for name, listener in self.config.listeners.items():
             factory = factories.get(name)
-            if not listener.enabled or factory is None:
+            if not listener.enabled or factory is None or not self._serves_tls(name):
                 continue
             context = ListenerContext(
                 name=name,
@@ -138,6 +152,7 @@ class Gateway(Service):
                 clock=self.clock,
                 directory=self.directory,
                 frame_budget=self.frame_budget,
+                tls=self.tls if name in TLS_LISTENERS else None,
             )
             built.append(factory(context))
         return built

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import ssl
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
@@ -17,6 +18,7 @@ from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.metering import Metering
+from polymq.gateway.tls import ServerTls
 from polymq.navigation.endpoints import GatewayDirectory
 from polymq.storage.clock import Clock
 from polymq.storage.lifecycle import Service
@@ -33,6 +35,7 @@ __all__ = [
     "ListenerFactory",
     "ListenerSet",
     "TcpListener",
+    "peer_certificate_name",
 ]
 
 log = logging.getLogger(__name__)
@@ -77,6 +80,9 @@ class ListenerContext:
     directory: GatewayDirectory
     # Memory for frames being read, shared by every listener (limits.max_buffered_frame_bytes).
     frame_budget: FrameBudget
+    # The live TLS context ([tls]) for a TLS listener (config.TLS_LISTENERS); None
+    # for a plaintext one.
+    tls: ServerTls | None = None
 
 
 ListenerFactory = Callable[[ListenerContext], Listener]
@@ -160,6 +166,13 @@ class TcpListener(ListenerBase):
     its own connection. With ``handshake_timeout_s``, a registered connection that the
     protocol has not marked established (``ConnectionRegistry.established`` or
     ``identify``) by then is closed: a socket that never logs in holds no slot for long.
+
+    With ``tls``, each connection is registered at the TCP accept and then does its
+    TLS handshake (``StreamWriter.start_tls``) before the handler sees it: a handshake
+    in progress counts against the connection limits and the one handshake deadline
+    covers TLS and the protocol's login together. A failed handshake (wrong CA, an
+    expired or missing client certificate, plaintext on a TLS port) closes that
+    socket alone, logged as the peer's doing.
     """
 
     def __init__(
@@ -173,8 +186,10 @@ class TcpListener(ListenerBase):
         protocol: str | None = None,
         close_grace_s: float = 2.0,
         handshake_timeout_s: float | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         super().__init__(name, port)
+        self._tls = tls
         self._handshake_timeout_s = handshake_timeout_s
         self._close_grace_s = close_grace_s
         self._host = host
@@ -238,12 +253,13 @@ class TcpListener(ListenerBase):
                     return
                 deadline = self._handshake_deadline(conn_id, peer, task)
                 try:
-                    with serving_connection(conn_id):
-                        await self._handler(reader, writer)
+                    if await self._secure(writer, peer):
+                        with serving_connection(conn_id):
+                            await self._handler(reader, writer)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
-            else:
+            elif await self._secure(writer, peer):
                 await self._handler(reader, writer)
         except asyncio.CancelledError:
             pass  # stop() or a kick: the connection just closes
@@ -258,6 +274,20 @@ class TcpListener(ListenerBase):
                 await _close(writer, self._close_grace_s)
             finally:
                 self._tasks.discard(task)  # only now: stop() waits for the close too
+
+    async def _secure(self, writer: asyncio.StreamWriter, peer: str) -> bool:
+        """The TLS handshake on a TLS listener (``True`` at once on a plaintext one);
+        ``False`` when the peer failed it, already logged."""
+        if self._tls is None:
+            return True
+        try:
+            # No timeout of its own: the handshake deadline (or stop) cancels it.
+            await writer.start_tls(self._tls, ssl_handshake_timeout=_NO_TLS_TIMEOUT_S)
+        except (ssl.SSLError, ConnectionError, TimeoutError) as e:
+            log.info("%s: TLS handshake with %s failed: %s", self._name, peer, _tls_reason(e))
+            writer.transport.abort()
+            return False
+        return True
 
     def _handshake_deadline(
         self, conn_id: int, peer: str, task: asyncio.Task[None]
@@ -276,9 +306,10 @@ class TcpListener(ListenerBase):
 
 class GatewayTcpListener(TcpListener):
     """A :class:`TcpListener` on a gateway listener's context: its name and address,
-    the gateway's connection registry (``protocol`` names the connections there) and
+    the gateway's connection registry (``protocol`` names the connections there),
     handshake timeout (``limits.handshake_timeout_ms``: what counts as the handshake is
-    the protocol's, marked with ``ConnectionRegistry.established`` or ``identify``)."""
+    the protocol's, marked with ``ConnectionRegistry.established`` or ``identify``) and
+    TLS context (a TLS listener's)."""
 
     def __init__(
         self, context: ListenerContext, handler: ConnectionHandler, *, protocol: str
@@ -291,6 +322,7 @@ class GatewayTcpListener(TcpListener):
             connections=context.connections,
             protocol=protocol,
             handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
+            tls=context.tls.context if context.tls is not None else None,
         )
 
 
@@ -305,6 +337,25 @@ async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:
         writer.transport.abort()
     except OSError:
         pass
+
+
+# start_tls wants a positive timeout; the listener's handshake deadline is the real one.
+_NO_TLS_TIMEOUT_S = 24 * 3600.0
+
+
+def _tls_reason(error: BaseException) -> str:
+    if isinstance(error, ssl.SSLError):
+        return error.reason or str(error)
+    return f"{type(error).__name__}: {error}"
+
+
+def peer_certificate_name(writer: asyncio.StreamWriter, tls: ServerTls | None) -> str | None:
+    """The account name a TLS connection's verified client certificate gives, when
+    ``[tls] principal_from`` asks for it (:meth:`ServerTls.principal_name`)."""
+    if tls is None:
+        return None
+    ssl_object = writer.get_extra_info("ssl_object")
+    return tls.principal_name(ssl_object)
 
 
 def _format_peer(peername: object) -> str:

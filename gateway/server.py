@@ -1,6 +1,7 @@
 """A server process in the foreground: the merged server (one process, embedded
 storage, every enabled listener), a gateway of the separated form, or any of the
-separated form's other services; stopped cleanly by SIGINT or SIGTERM."""
+separated form's other services; stopped cleanly by SIGINT or SIGTERM. SIGHUP
+reloads the TLS certificate, key and CA files ([tls], docs/tls.md)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from polymq.gateway.assembly import build_gateway, storage_url
-from polymq.gateway.config import GatewayConfig
+from polymq.gateway.config import ConfigError, GatewayConfig
 from polymq.gateway.listeners import ListenerFactory
 from polymq.storage.errors import StorageError
 
@@ -66,15 +67,44 @@ async def serve(
             log.info("listener %s (port %d): not built yet, not listening", name, port)
         if not len(gateway.listeners):
             log.warning("no protocol listeners are built yet: serving storage only")
+        if gateway.tls is None:
+            log.info("TLS listeners off: [tls] names no cert_file")
+        remove_reload = _on_reload_signal(gateway.reload_tls)
         # What start-up created (the protocol libraries' modules, storage's indexes
         # loaded from a checkpoint) lives as long as the process: keep it out of
         # the garbage collector's full passes, which would otherwise rescan it
         # over and over while messages flow.
         gc.freeze()
         log.info("ready (pid %d)", os.getpid())
-        await stop.wait()
+        try:
+            await stop.wait()
+        finally:
+            remove_reload()
         log.info("stopping")
     log.info("stopped")
+
+
+def _on_reload_signal(reload: Callable[[], None]) -> Callable[[], None]:
+    """SIGHUP reloads the TLS files (a bad file is logged; the old ones keep serving)."""
+    loop = asyncio.get_running_loop()
+
+    def handle() -> None:
+        try:
+            reload()
+        except ConfigError as e:
+            log.error("SIGHUP: TLS files not reloaded, the old ones serve on: %s", e)
+        else:
+            log.info("SIGHUP: TLS files reloaded")
+
+    try:
+        loop.add_signal_handler(signal.SIGHUP, handle)
+    except (NotImplementedError, RuntimeError):  # not the main thread, or Windows
+        return lambda: None
+
+    def remove() -> None:
+        loop.remove_signal_handler(signal.SIGHUP)
+
+    return remove
 
 
 def _on_stop_signals(stop: asyncio.Event) -> Callable[[], None]:

@@ -19,10 +19,10 @@ from pamqp import commands
 from pamqp.base import Frame as MethodFrame
 from pamqp.heartbeat import Heartbeat
 
-from polymq.gateway.accounts import AuthError
+from polymq.gateway.accounts import AuthError, Principal
 from polymq.gateway.connections import current_connection_id
 from polymq.gateway.fairness import SLICE, pause
-from polymq.gateway.listeners import ListenerContext
+from polymq.gateway.listeners import ListenerContext, peer_certificate_name
 from polymq.gateway.processor import Caller
 from polymq.protocols.amqp import errors
 from polymq.protocols.amqp._state import CONNECTION_ACCEPTS, ConnectionState
@@ -85,6 +85,9 @@ class AmqpConnection:
         self._services = services
         self._reader = reader
         self._writer = writer
+        # A verified client certificate's account name ([tls] principal_from): offers
+        # the EXTERNAL mechanism (RabbitMQ's rabbitmq_auth_mechanism_ssl).
+        self._certificate_name = peer_certificate_name(writer, context.tls)
         self.processor = context.processor
         config, limits = context.config.amqp, context.config.limits
         self._hard_max = limits.max_frame_bytes
@@ -251,7 +254,8 @@ class AmqpConnection:
                     "information": "AMQP 0-9-1 over polymq storage",
                     "capabilities": dict(SERVER_CAPABILITIES),
                 },
-                mechanisms="PLAIN AMQPLAIN",
+                mechanisms="PLAIN AMQPLAIN"
+                + (" EXTERNAL" if self._certificate_name is not None else ""),
                 locales="en_US",
             ),
         )
@@ -497,7 +501,9 @@ class AmqpConnection:
                 method.index >> 16,
                 method.index & 0xFFFF,
             )
-        if isinstance(method, commands.Connection.StartOk):
+        if isinstance(method, commands.Connection.StartOk) and method.mechanism == "EXTERNAL":
+            self._external_start_ok(method)
+        elif isinstance(method, commands.Connection.StartOk):
             self._start_ok(method)
         elif isinstance(method, commands.Connection.TuneOk):
             self._tune_ok(method)
@@ -529,6 +535,26 @@ class AmqpConnection:
                 10,
                 11,
             ) from e
+        self._logged_in(method, principal)
+
+    def _external_start_ok(self, method: commands.Connection.StartOk) -> None:
+        """EXTERNAL: the client certificate the TLS handshake verified names the
+        account (its CN); the response, if any, is not a password and is ignored."""
+        try:
+            if self._certificate_name is None:
+                raise AuthError("no verified client certificate")
+            principal = self._context.accounts.by_certificate(self._certificate_name)
+        except AuthError as e:
+            raise ConnectionError_(
+                errors.ACCESS_REFUSED,
+                "Login was refused using authentication mechanism EXTERNAL."
+                " For details see the broker logfile.",
+                10,
+                11,
+            ) from e
+        self._logged_in(method, principal)
+
+    def _logged_in(self, method: commands.Connection.StartOk, principal: Principal) -> None:
         client = method.client_properties or {}
         capabilities = client.get("capabilities")
         self._blocked_capable = isinstance(capabilities, dict) and bool(

@@ -8,6 +8,12 @@ connection registry (and refused at its limits) by a subclass of uvicorn's httpt
 protocol (:mod:`protocols.http.guarded`), which also holds slow and oversized request
 heads and bodies to the gateway's limits. httptools is required: its C parser costs a
 fraction of h11's pure-Python one per request, and the guards hook its callbacks.
+
+The HTTPS listener (``https``, 8443) is the same app with the gateway's live TLS
+context given to uvicorn (``Config.ssl``, set after ``load()`` so uvicorn builds none
+of its own): the MNS API, ``/admin`` and ``/metrics`` over TLS. Its TLS handshake is
+asyncio's, before a connection is made and registered, bounded by asyncio's own
+handshake timeout (60 s; uvicorn passes none).
 """
 
 from __future__ import annotations
@@ -91,6 +97,9 @@ class HttpListener(ListenerBase):
             server_header=False,
             proxy_headers=False,  # no proxy in front to trust; and a layer less per request
         )
+        if self._context.tls is not None:
+            config.load()
+            config.ssl = self._context.tls.context  # reloaded in place on SIGHUP
         server = _EmbeddedServer(config)
         task = asyncio.create_task(server.serve(sockets=[sock]), name=f"uvicorn {self.name}")
         async with asyncio.timeout(_START_TIMEOUT_S):

@@ -110,13 +110,16 @@ def cluster_view(
     directory: GatewayDirectory,
     advertised: tuple[str, int],
     departed: DepartedBrokers | None = None,
+    *,
+    listener: str = PROTOCOL,
 ) -> ClusterView:
     """Kafka's view of ``directory``. An endpoint with an empty host is reached at the
     host this client reached us on (the merged form does not know its public name).
     This gateway is always listed: at the address the client used if the directory
-    does not list it for Kafka (yet)."""
+    does not list it for Kafka (yet). ``listener`` names whose endpoints: a client of
+    the TLS listener (``kafka_tls``) is told the gateways' TLS ports."""
     host, port = advertised
-    endpoints = list(directory.endpoints(PROTOCOL))
+    endpoints = list(directory.endpoints(listener))
     me_listed = any(e.gateway_id == directory.self_id for e in endpoints)
     if not me_listed:
         endpoints.append(GatewayEndpoint(gateway_id=directory.self_id, host=host, port=port))

@@ -23,7 +23,7 @@ import time
 from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
-from polymq.gateway.accounts import ANONYMOUS, Principal
+from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
 from polymq.gateway.connections import current_connection_id
 from polymq.protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
 from polymq.protocols.kafka.codec import (
@@ -40,7 +40,7 @@ from polymq.protocols.kafka.codec import (
 from polymq.protocols.kafka.departure import WAITS, PeerWatch
 from polymq.protocols.kafka.handlers import HANDLERS
 from polymq.protocols.kafka.handlers.topics import api_versions_body
-from polymq.protocols.kafka.session import KafkaServices, Session, anonymous_caller, caller_for
+from polymq.protocols.kafka.session import KafkaServices, Session, caller_for
 
 __all__ = ["serve_connection"]
 
@@ -68,18 +68,35 @@ class _Refused(Exception):
 
 
 async def serve_connection(
-    services: KafkaServices, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    services: KafkaServices,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    *,
+    listener: str = "kafka",
+    certificate_name: str | None = None,
 ) -> None:
+    """Serve one connection of ``listener`` (whose endpoints Metadata names). A
+    ``certificate_name`` (a verified client certificate's, when ``[tls]
+    principal_from`` is set) authenticates it as that account from the first request,
+    as Kafka's SSL listener principal; an unknown name is refused, the socket closed."""
     connection_id = current_connection_id()
-    open_mode = services.accounts.open
+    principal: Principal | None = ANONYMOUS if services.accounts.open else None
+    if certificate_name is not None:
+        try:
+            principal = services.accounts.by_certificate(certificate_name)
+        except AuthError:
+            log.info("kafka: closing a connection: certificate %r: no account", certificate_name)
+            return
+    open_mode = principal is not None  # authenticated from the start: no SASL needed
     session = Session(
         services=services,
         connection_id=connection_id,
         advertised=_advertised(writer),
         state=AuthState.AUTHENTICATED if open_mode else AuthState.START,
-        caller=anonymous_caller(connection_id)
-        if open_mode
+        caller=caller_for(principal, connection_id, None)
+        if principal is not None
         else caller_for(_NOBODY, connection_id, None),
+        listener=listener,
     )
     peer = writer.get_extra_info("peername")
     session.peer = f"/{peer[0]}" if isinstance(peer, tuple) else ""
@@ -112,7 +129,7 @@ async def serve_connection(
                 # Open mode: a whole first request ends the handshake deadline and
                 # counts the connection in the default namespace.
                 identified = True
-                session.authenticated(ANONYMOUS)
+                session.authenticated(principal or ANONYMOUS)
             started = time.monotonic()
             api_key = int.from_bytes(prefix[:2], "big", signed=True)
             if api_key in WAITS:

@@ -43,7 +43,16 @@ _CODES: tuple[tuple[type[Exception], ErrorCode], ...] = (
 )
 
 
+# A permission rule's refusal, by the kind of resource refused (docs/permissions.md).
+_DENIED: dict[str | None, ErrorCode] = {
+    "group": ErrorCode.group_authorization_failed,
+    "transactional_id": ErrorCode.transactional_id_authorization_failed,
+}
+
+
 def error_code(error: Exception) -> ErrorCode:
+    if isinstance(error, AccessDenied):
+        return _DENIED.get(error.resource, ErrorCode.topic_authorization_failed)
     for cls, code in _CODES:
         if isinstance(error, cls):
             return code

@@ -70,7 +70,11 @@ class KafkaServices:
         self.consumer_groups = ConsumerGroups()
         self.share_groups = ShareGroups()
         self.topic_names: dict[uuid.UUID, str] = {}  # topic id -> name (a cache)
-        self.departed = DepartedBrokers()  # gateways that just left the directory
+        # Gateways that just left the directory, per listener (each lists its own ports).
+        self.departed: dict[str, DepartedBrokers] = {}
+
+    def departed_from(self, listener: str) -> DepartedBrokers:
+        return self.departed.setdefault(listener, DepartedBrokers())
 
     async def close(self) -> None:
         await self.coordinator.close()
@@ -88,6 +92,7 @@ class Session:
     peer: str = ""  # the client's host, as Kafka shows it ("/127.0.0.1")
     sasl: Any = None  # the mechanism's exchange while HANDSHAKEN
     closing: bool = False  # close once the current response is written
+    listener: str = "kafka"  # whose endpoints Metadata names (kafka_tls: the TLS ones)
 
     @property
     def namespace(self) -> str:
@@ -101,7 +106,12 @@ class Session:
     def cluster(self) -> ClusterView:
         """The gateways as Kafka brokers, for this client (read per request: the
         directory is a cache that changes as gateways come and go)."""
-        return cluster_view(self.services.directory, self.advertised, self.services.departed)
+        return cluster_view(
+            self.services.directory,
+            self.advertised,
+            self.services.departed_from(self.listener),
+            listener=self.listener,
+        )
 
     def owns(self, key: str) -> bool:
         """Whether this gateway coordinates ``key`` (a group or transactional id)."""

@@ -40,6 +40,9 @@ SUPPORTED: Mapping[int, tuple[int, int]] = MappingProxyType(
         25: (0, 3),  # AddOffsetsToTxn
         26: (0, 3),  # EndTxn
         28: (0, 3),  # TxnOffsetCommit
+        29: (1, 3),  # DescribeAcls (v1: pattern types)
+        30: (1, 3),  # CreateAcls
+        31: (1, 3),  # DeleteAcls
         32: (1, 4),  # DescribeConfigs
         33: (0, 2),  # AlterConfigs
         36: (0, 2),  # SaslAuthenticate

@@ -98,6 +98,7 @@ class MqttConnection:
     __slots__ = (
         "_broker",
         "_caller",
+        "_certificate_name",
         "_clock",
         "_config",
         "_connection_id",
@@ -121,9 +122,17 @@ class MqttConnection:
     )
 
     def __init__(
-        self, services: MqttServices, transport: Transport, connection_id: int | None
+        self,
+        services: MqttServices,
+        transport: Transport,
+        connection_id: int | None,
+        *,
+        certificate_name: str | None = None,
     ) -> None:
         self._services = services
+        # A verified client certificate's account name ([tls] principal_from): it is
+        # the user, whatever CONNECT says (Mosquitto's use_identity_as_username).
+        self._certificate_name = certificate_name
         self._config = services.config
         self._transport = transport
         self._connection_id = connection_id
@@ -367,7 +376,10 @@ class MqttConnection:
             return False
         password = None if connect.password is None else connect.password.decode("utf-8", "replace")
         try:
-            principal = services.accounts.authenticate(connect.username, password)
+            if self._certificate_name is not None:
+                principal = services.accounts.by_certificate(self._certificate_name)
+            else:
+                principal = services.accounts.authenticate(connect.username, password)
             services.accounts.authorize(principal, principal.default_namespace)
         except AuthError as e:
             log.info("mqtt: refused %r: %s", connect.username, e)

@@ -1,5 +1,10 @@
 """The MQTT listeners: TCP (``mqtt``, 1883) and WebSocket (``mqtt_ws``, 8083, any
-path, subprotocol ``mqtt``), both serving the same brokers."""
+path, subprotocol ``mqtt``), and their TLS twins MQTTS (``mqtts``, 8883) and WSS
+(``mqtt_wss``, 8084), all serving the same brokers.
+
+Over WSS the TLS handshake is asyncio's under websockets (``serve(ssl=…)``), done
+before the connection is made and registered, bounded by the same handshake timeout;
+the upgrade's deadline still counts from the TCP accept."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable
+from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
@@ -19,6 +25,7 @@ from polymq.gateway.listeners import (
     Listener,
     ListenerBase,
     ListenerContext,
+    peer_certificate_name,
 )
 from polymq.protocols.mqtt.connection import MqttConnection
 from polymq.protocols.mqtt.options import MqttOptions
@@ -39,11 +46,15 @@ _MAX_QUEUED_FRAMES = 4
 
 def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:
     services = services_for(context, options)
+    tls = context.tls
 
     def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None]:
         # The connection's coroutine itself (no frame around it while it is idle).
         transport = TcpTransport(reader, writer)
-        return MqttConnection(services, transport, current_connection_id()).run()
+        name = peer_certificate_name(writer, tls)
+        return MqttConnection(
+            services, transport, current_connection_id(), certificate_name=name
+        ).run()
 
     return _MqttTcpListener(context, services, handle)
 
@@ -87,6 +98,9 @@ class MqttWebSocketListener(ListenerBase):
             handshake_timeout_s = timeout_s
             registry = self._context.connections
 
+        tls: dict[str, Any] = {}
+        if self._context.tls is not None:
+            tls = {"ssl": self._context.tls.context, "ssl_handshake_timeout": timeout_s}
         self._server = await serve(
             self._handle,
             self._context.host,
@@ -103,6 +117,9 @@ class MqttWebSocketListener(ListenerBase):
             max_size=self._services.config.max_packet_bytes + 8,
             max_queue=_MAX_QUEUED_FRAMES,
             ping_interval=None,
+            # WSS: websockets' TLS is asyncio's, done before the connection is made
+            # (and registered), within the same handshake timeout.
+            **tls,
         )
         sockname = next(iter(self._server.sockets)).getsockname()
         self._address = (sockname[0], sockname[1])
@@ -137,7 +154,12 @@ class MqttWebSocketListener(ListenerBase):
         try:
             with serving_connection(conn_id), contextlib.suppress(asyncio.CancelledError):
                 transport = WebSocketTransport(websocket)
-                await MqttConnection(self._services, transport, conn_id).run()
+                tls = self._context.tls
+                ssl_object = websocket.transport.get_extra_info("ssl_object")
+                name = tls.principal_name(ssl_object) if tls is not None else None
+                await MqttConnection(
+                    self._services, transport, conn_id, certificate_name=name
+                ).run()
                 await transport.drain()
         finally:
             deadline.cancel()

@@ -1,9 +1,12 @@
 """The RocketMQ 5 gRPC listener (port 8081 by default).
 
 grpc owns the socket, so this is a small :class:`~gateway.listeners.Listener` of its
-own rather than a ``TcpListener``: plaintext HTTP/2 (the official clients connect
-without TLS unless told ``tls_enable=True``). Connections are counted per client through
-their Telemetry streams (:mod:`protocols.rocketmq.sessions`).
+own rather than a ``TcpListener``: plaintext HTTP/2 on ``rocketmq`` (the official
+clients connect without TLS unless told ``tls_enable=True``), gRPC over TLS on
+``rocketmq_tls`` (grpc's own TLS, with credentials that fetch the gateway's current
+certificate at each handshake, so SIGHUP reaches it; routes answered there name the
+gateways' TLS endpoints). Connections are counted per client through their Telemetry
+streams (:mod:`protocols.rocketmq.sessions`).
 
 grpcio's server gives up for good on some hostile requests (see
 :mod:`protocols.rocketmq.grpc_guard`), so the listener supervises it: the moment grpc's
@@ -58,7 +61,10 @@ class RocketMQListener(ListenerBase):
             connections=context.connections,
             options=options or RocketMQOptions(),
             directory=context.directory,
+            quotas=context.quotas,
         )
+        self.services.listener = context.name  # routes name this listener's endpoints
+        self._tls = context.tls
         self._checker = TransactionChecker(self.services)
         self._server: grpc.aio.Server | None = None
         # The supervisor, the transaction checks and the receipt renewals; one set per
@@ -95,8 +101,12 @@ class RocketMQListener(ListenerBase):
     def _bind(self) -> grpc.aio.Server:
         server = grpc.aio.server(options=self._grpc_options())
         server.add_generic_rpc_handlers((messaging_service(self.services),))
+        address = f"{_bracketed(self._host)}:{self._port}"
         try:
-            port = server.add_insecure_port(f"{_bracketed(self._host)}:{self._port}")
+            if self._tls is not None:
+                port = server.add_secure_port(address, self._tls.grpc_credentials())
+            else:
+                port = server.add_insecure_port(address)
         except RuntimeError as e:
             raise OSError(f"{self._name}: cannot bind {self._host}:{self._port}: {e}") from e
         if port == 0:

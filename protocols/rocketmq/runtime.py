@@ -68,6 +68,8 @@ class RocketMQServices:
         )
         # Where the listener is bound: routes name it when the client did not say.
         self.address: tuple[str, int] = ("127.0.0.1", 0)
+        # The listener whose gateways' endpoints routes name (rocketmq_tls: TLS ones).
+        self.listener = "rocketmq"
         # Check-backs sent per undecided transaction: (namespace, transaction id).
         self.transaction_checks: dict[tuple[str, str], int] = {}
         # The last receive per (client id, group, topic): its attempt id and answer.

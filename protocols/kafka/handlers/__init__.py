@@ -10,6 +10,7 @@ from types import MappingProxyType
 from typing import Any
 
 from polymq.protocols.kafka.handlers import (
+    acls,
     configs,
     consumer_group,
     fetch,
@@ -52,6 +53,9 @@ HANDLERS: Mapping[int, Handler] = MappingProxyType(
         25: transactions.add_offsets_to_txn,
         26: transactions.end_txn,
         28: transactions.txn_offset_commit,
+        29: acls.describe_acls,
+        30: acls.create_acls,
+        31: acls.delete_acls,
         32: configs.describe_configs,
         33: configs.alter_configs,
         36: sasl.sasl_authenticate,

@@ -148,6 +148,9 @@ async def describe_configs(session: Session, request: Any, version: int) -> dict
             ]
         elif resource.resource_type == TOPIC:
             try:
+                await session.processor.authorize(
+                    session.caller, "topic", resource.resource_name, "describe"
+                )
                 info = await session.processor.describe_topic(
                     session.caller, resource.resource_name
                 )
@@ -190,6 +193,7 @@ async def _alter(
     if resource.resource_type != TOPIC:
         return {**result, "error_code": ErrorCode.invalid_request, "error_message": "topics only"}
     try:
+        await session.processor.authorize(session.caller, "topic", resource.resource_name, "admin")
         info = await session.processor.describe_topic(session.caller, resource.resource_name)
         config = topic_config_from(values, info.config)
         if not validate_only:

@@ -9,6 +9,7 @@ from typing import Any
 
 from kio.schema.errors import ErrorCode
 
+from polymq.protocols.kafka.authz import permitted
 from polymq.protocols.kafka.consumer_groups import HEARTBEAT_INTERVAL_MS, Assignment
 from polymq.protocols.kafka.handlers.topics import topic_partitions
 from polymq.protocols.kafka.session import Session
@@ -22,6 +23,13 @@ __all__ = [
 
 
 async def consumer_group_heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not await permitted(session, "group", request.group_id, "read"):
+        return {
+            "throttle_time": 0,
+            "error_code": ErrorCode.group_authorization_failed,
+            "member_id": request.member_id,
+            "member_epoch": request.member_epoch,
+        }
     if not session.owns(request.group_id):
         return {
             "throttle_time": 0,

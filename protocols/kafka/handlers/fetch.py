@@ -19,6 +19,8 @@ from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
 from polymq.gateway.fairness import cooperatively
+from polymq.gateway.permissions import Operation
+from polymq.protocols.kafka.authz import denied, permitted
 from polymq.protocols.kafka.codec import ms
 from polymq.protocols.kafka.errors import error_code
 from polymq.protocols.kafka.records import (
@@ -221,7 +223,11 @@ async def fetch(session: Session, request: Any, version: int) -> dict[str, Any]:
         for topic in request.topics
         for p in topic.partitions
     ]
+    refused = await denied(session, "topic", (p.topic for p in parts), "read")
     async for part in cooperatively(parts):
+        if part.topic in refused:
+            part.error = ErrorCode.topic_authorization_failed
+            continue
         await _read(session, part, 0)
     total = sum(len(p.records) for p in parts)
     wait_ms = ms(request.max_wait)
@@ -303,15 +309,22 @@ async def _by_partition(
     index_field: str,
     defaults: dict[str, Any],
     answer: PartitionAnswer,
+    operation: Operation,
 ) -> list[dict[str, Any]]:
-    """Answer each partition of a request, a storage error becoming its error code."""
+    """Answer each partition of a request, a storage error becoming its error code,
+    a topic the session may not ``operation`` TOPIC_AUTHORIZATION_FAILED."""
     out = []
     for topic in topics:
         name = getattr(topic, topic_field)
         results = []
+        allowed = await permitted(session, "topic", name, operation)
         for p in topic.partitions:
             index = getattr(p, index_field)
             result = {**defaults, index_field: index, "error_code": ErrorCode.none}
+            if not allowed:
+                result["error_code"] = ErrorCode.topic_authorization_failed
+                results.append(result)
+                continue
             try:
                 result.update(await answer(session.queue(name, index), p))
             except (StorageError, AuthError) as e:
@@ -340,6 +353,7 @@ async def list_offsets(session: Session, request: Any, version: int) -> dict[str
         index_field="partition_index",
         defaults={"timestamp": -1, "offset": -1, "leader_epoch": 0},
         answer=answer,
+        operation="describe",
     )
     return {"throttle_time": 0, "topics": topics}
 
@@ -398,6 +412,7 @@ async def delete_records(session: Session, request: Any, version: int) -> dict[s
         index_field="partition_index",
         defaults={"low_watermark": -1},
         answer=answer,
+        operation="delete",
     )
     return {"throttle_time": 0, "topics": topics}
 
@@ -416,5 +431,6 @@ async def offset_for_leader_epoch(session: Session, request: Any, version: int) 
         index_field="partition",
         defaults={"leader_epoch": 0, "end_offset": -1},
         answer=answer,
+        operation="describe",
     )
     return {"throttle_time": 0, "topics": topics}

@@ -10,6 +10,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.authz import denied, permitted
 from polymq.protocols.kafka.codec import ms
 from polymq.protocols.kafka.coordinator import GroupState
 from polymq.protocols.kafka.errors import coordinator_error
@@ -37,6 +38,8 @@ __all__ = [
 
 
 _NOT_COORDINATOR = ErrorCode.not_coordinator
+_GROUP_DENIED = ErrorCode.group_authorization_failed
+_TRANSACTION_KEY = 1  # FindCoordinator's key_type of a transactional id
 
 
 async def find_coordinator(session: Session, request: Any, version: int) -> dict[str, Any]:
@@ -53,7 +56,7 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
                     "node_id": node.node_id,
                     "host": node.host,
                     "port": node.port,
-                    "error_code": ErrorCode.none,
+                    "error_code": await _key_denied(session, request.key_type, key),
                     "error_message": None,
                 }
             )
@@ -61,7 +64,7 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
     node = cluster.owner(request.key)
     return {
         "throttle_time": 0,
-        "error_code": ErrorCode.none,
+        "error_code": await _key_denied(session, getattr(request, "key_type", 0), request.key),
         "error_message": None,
         "node_id": node.node_id,
         "host": node.host,
@@ -69,7 +72,20 @@ async def find_coordinator(session: Session, request: Any, version: int) -> dict
     }
 
 
+async def _key_denied(session: Session, key_type: int, key: str) -> ErrorCode:
+    """FindCoordinator's answer for a key the session may not describe (Kafka's
+    GROUP_/TRANSACTIONAL_ID_AUTHORIZATION_FAILED), else NONE."""
+    if key_type == _TRANSACTION_KEY:
+        if not await permitted(session, "transactional_id", key, "describe"):
+            return ErrorCode.transactional_id_authorization_failed
+    elif not await permitted(session, "group", key, "describe"):
+        return ErrorCode.group_authorization_failed
+    return ErrorCode.none
+
+
 async def join_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not await permitted(session, "group", request.group_id, "read"):
+        return {"throttle_time": 0, "error_code": _GROUP_DENIED, "member_id": request.member_id}
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "member_id": request.member_id}
     session_ms = ms(request.session_timeout)
@@ -108,6 +124,8 @@ async def join_group(session: Session, request: Any, version: int) -> dict[str, 
 
 
 async def sync_group(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not await permitted(session, "group", request.group_id, "read"):
+        return {"throttle_time": 0, "error_code": _GROUP_DENIED}
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
     await adopt_group(session, request.group_id, request.member_id)
@@ -130,6 +148,8 @@ async def sync_group(session: Session, request: Any, version: int) -> dict[str, 
 
 
 async def heartbeat(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not await permitted(session, "group", request.group_id, "read"):
+        return {"throttle_time": 0, "error_code": _GROUP_DENIED}
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR}
     await adopt_group(session, request.group_id, request.member_id)
@@ -141,6 +161,8 @@ async def heartbeat(session: Session, request: Any, version: int) -> dict[str, A
 
 async def leave_group(session: Session, request: Any, version: int) -> dict[str, Any]:
     coordinator = session.services.coordinator
+    if not await permitted(session, "group", request.group_id, "read"):
+        return {"throttle_time": 0, "error_code": _GROUP_DENIED, "members": []}
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "members": []}
     if version < 3:
@@ -158,7 +180,9 @@ async def leave_group(session: Session, request: Any, version: int) -> dict[str,
 
 
 async def offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
-    if not session.owns(request.group_id):
+    if not await permitted(session, "group", request.group_id, "read"):
+        check = _GROUP_DENIED
+    elif not session.owns(request.group_id):
         check = _NOT_COORDINATOR
     elif session.services.consumer_groups.is_consumer_group(session.namespace, request.group_id):
         check = session.services.consumer_groups.check_commit(
@@ -173,10 +197,13 @@ async def offset_commit(session: Session, request: Any, version: int) -> dict[st
             request.generation_id_or_member_epoch,
         )
     topics = []
+    refused = await denied(session, "topic", (t.name for t in request.topics), "read")
     for topic in request.topics:
         results = []
         for p in topic.partitions:
             code = check
+            if code is ErrorCode.none and topic.name in refused:
+                code = ErrorCode.topic_authorization_failed
             if code is ErrorCode.none:
                 try:
                     await session.processor.commit_offset(
@@ -200,6 +227,9 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
     if version >= 8:
         groups = []
         for g in request.groups:
+            if not await permitted(session, "group", g.group_id, "describe"):
+                groups.append({"group_id": g.group_id, "error_code": _GROUP_DENIED})
+                continue
             try:
                 topics = await _group_offsets(session, g.group_id, g.topics)
             except StorageUnavailable as e:
@@ -209,6 +239,8 @@ async def offset_fetch(session: Session, request: Any, version: int) -> dict[str
                     {"group_id": g.group_id, "topics": topics, "error_code": ErrorCode.none}
                 )
         return {"throttle_time": 0, "groups": groups}
+    if not await permitted(session, "group", request.group_id, "describe"):
+        return {"throttle_time": 0, "topics": [], "error_code": _GROUP_DENIED}
     try:
         topics = await _group_offsets(session, request.group_id, request.topics)
     except StorageUnavailable as e:
@@ -255,6 +287,8 @@ async def _group_offsets(session: Session, group: str, requested: Any) -> list[d
 
 
 async def offset_delete(session: Session, request: Any, version: int) -> dict[str, Any]:
+    if not await permitted(session, "group", request.group_id, "delete"):
+        return {"throttle_time": 0, "error_code": _GROUP_DENIED, "topics": []}
     if not session.owns(request.group_id):
         return {"throttle_time": 0, "error_code": _NOT_COORDINATOR, "topics": []}
     coordinator = session.services.coordinator
@@ -282,6 +316,9 @@ async def describe_groups(session: Session, request: Any, version: int) -> dict[
     coordinator = session.services.coordinator
     groups = []
     for group_id in request.groups:
+        if not await permitted(session, "group", group_id, "describe"):
+            groups.append({"error_code": _GROUP_DENIED, "group_id": group_id})
+            continue
         if not session.owns(group_id):
             groups.append({"error_code": _NOT_COORDINATOR, "group_id": group_id})
             continue
@@ -347,7 +384,10 @@ async def list_groups(session: Session, request: Any, version: int) -> dict[str,
     groups = [
         {"group_id": name, "protocol_type": ptype, "group_state": state, "group_type": gtype}
         for name, (ptype, state, gtype) in sorted(listed.items())
-        if (not states or state in states) and (not types or gtype in types) and cluster.owns(name)
+        if (not states or state in states)
+        and (not types or gtype in types)
+        and cluster.owns(name)
+        and await permitted(session, "group", name, "describe")
     ]
     return {"throttle_time": 0, "error_code": ErrorCode.none, "groups": groups}
 
@@ -356,6 +396,9 @@ async def delete_groups(session: Session, request: Any, version: int) -> dict[st
     results = []
     stored = set(await session.processor.list_groups(session.caller))
     for group_id in request.groups_names:
+        if not await permitted(session, "group", group_id, "delete"):
+            results.append({"group_id": group_id, "error_code": _GROUP_DENIED})
+            continue
         if not session.owns(group_id):
             results.append({"group_id": group_id, "error_code": _NOT_COORDINATOR})
             continue

@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
 from polymq.gateway.fairness import cooperatively
+from polymq.protocols.kafka.authz import denied, permitted
 from polymq.protocols.kafka.errors import coordinator_error, error_code
 from polymq.protocols.kafka.handlers.configs import compaction_of
 from polymq.protocols.kafka.handlers.transactions import end_transaction
@@ -89,6 +90,7 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
         return _all_failed(request, ErrorCode.invalid_request, message)
     producers = session.services.producers
     pending: list[_Pending] = []
+    refused = await denied(session, "topic", (t.name for t in request.topic_data), "write")
     # In slices: checking a partition's batches (CRC over its bytes) is pure CPU, and
     # a request of thousands of partitions must not hold every other connection.
     async for topic, data in cooperatively(
@@ -97,6 +99,9 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
         queue = session.queue(topic.name, data.index)
         part = _Pending(topic.name, data.index, queue, [])
         pending.append(part)
+        if topic.name in refused:
+            part.error = ErrorCode.topic_authorization_failed
+            continue
         try:
             part.batches = _split(data.records)
         except CorruptBatch as e:
@@ -228,6 +233,8 @@ async def init_producer_id(session: Session, request: Any, version: int) -> dict
     transactional_id = request.transactional_id
     if not transactional_id:
         return _producer_answer(ErrorCode.none, *session.services.producers.init_producer(None))
+    if not await permitted(session, "transactional_id", transactional_id, "write"):
+        return _producer_answer(ErrorCode.transactional_id_authorization_failed)
     if not session.owns(transactional_id):
         return _producer_answer(ErrorCode.not_coordinator)
     try:

@@ -13,6 +13,7 @@ from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
 from polymq.navigation.endpoints import CheckedDirectory
+from polymq.protocols.kafka.authz import permitted
 from polymq.protocols.kafka.cluster import ClusterView
 from polymq.protocols.kafka.errors import error_code
 from polymq.protocols.kafka.handlers.configs import save_kept_configs, topic_config_from
@@ -145,6 +146,8 @@ def _topic(cluster: ClusterView, info: TopicInfo) -> dict[str, Any]:
 async def _describe_or_create(
     session: Session, cluster: ClusterView, name: str, create: bool
 ) -> dict[str, Any]:
+    if not await permitted(session, "topic", name, "describe"):
+        return {"error_code": ErrorCode.topic_authorization_failed, "name": name}
     try:
         return _topic(cluster, await session.processor.describe_topic(session.caller, name))
     except TopicNotFound:
@@ -152,6 +155,8 @@ async def _describe_or_create(
             return {"error_code": ErrorCode.unknown_topic_or_partition, "name": name}
     except (StorageError, AuthError) as e:
         return {"error_code": error_code(e), "name": name}
+    if not await permitted(session, "topic", name, "create"):
+        return {"error_code": ErrorCode.topic_authorization_failed, "name": name}
     try:
         config = TopicConfig(queue_count=session.services.config.default_partitions)
         info = await session.processor.create_topic(session.caller, name, config)
@@ -177,7 +182,11 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
         requested = None  # v0: an empty list means every topic
     if requested is None:
         infos = await session.processor.list_topics(session.caller)
-        topics = [_topic(cluster, info) for info in infos if is_kafka_name(info.name)]
+        topics = [
+            _topic(cluster, info)
+            for info in infos
+            if is_kafka_name(info.name) and await permitted(session, "topic", info.name, "describe")
+        ]
     else:
         create = session.services.config.auto_create_topics and getattr(
             request, "allow_auto_topic_creation", True
@@ -192,6 +201,8 @@ async def metadata(session: Session, request: Any, version: int) -> dict[str, An
                 infos = await session.processor.list_topics(session.caller)
                 by_id = {topic_id(info): info for info in infos}
             found = by_id.get(t.topic_id) if t.topic_id is not None else None
+            if found is not None and not await permitted(session, "topic", found.name, "describe"):
+                found = None
             if found is None:
                 topics.append({"error_code": ErrorCode.unknown_topic_id, "topic_id": t.topic_id})
             else:
@@ -236,6 +247,7 @@ async def create_topics(session: Session, request: Any, version: int) -> dict[st
             results.append({**result, "error_code": code, "error_message": str(e)})
             continue
         try:
+            await session.processor.authorize(session.caller, "topic", topic.name, "create")
             if request.validate_only:
                 await _check_absent(session, topic.name)
             else:
@@ -265,6 +277,7 @@ async def delete_topics(session: Session, request: Any, version: int) -> dict[st
     for name in request.topic_names:
         code = ErrorCode.none
         try:
+            await session.processor.authorize(session.caller, "topic", name, "delete")
             await session.processor.delete_topic(session.caller, name)
         except (StorageError, AuthError) as e:
             code = error_code(e)
@@ -277,6 +290,7 @@ async def create_partitions(session: Session, request: Any, version: int) -> dic
     for topic in request.topics:
         result: dict[str, Any] = {"name": topic.name, "error_code": ErrorCode.none}
         try:
+            await session.processor.authorize(session.caller, "topic", topic.name, "admin")
             info = await session.processor.describe_topic(session.caller, topic.name)
             if topic.count <= info.config.queue_count:
                 result.update(

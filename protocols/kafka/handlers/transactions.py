@@ -19,6 +19,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.authz import denied, permitted
 from polymq.protocols.kafka.errors import coordinator_error
 from polymq.protocols.kafka.records import BATCH_FORMAT, encode_control_batch
 from polymq.protocols.kafka.session import Session
@@ -46,6 +47,8 @@ _PARKED_KIND = "kafka.txn_offsets"
 async def _transaction(
     session: Session, transactional_id: str, producer_id: int, epoch: int
 ) -> tuple[Transaction | None, ErrorCode]:
+    if not await permitted(session, "transactional_id", transactional_id, "write"):
+        return None, ErrorCode.transactional_id_authorization_failed
     if not session.owns(transactional_id):
         return None, ErrorCode.not_coordinator
     state = session.services.transactions
@@ -78,6 +81,12 @@ async def add_partitions_to_txn(session: Session, request: Any, version: int) ->
         for topic in request.v3_and_below_topics
         for index in topic.partitions
     ]
+    names = [topic.name for topic in request.v3_and_below_topics]
+    refused = await denied(session, "topic", names, "write") if txn is not None else set()
+    if refused:
+        # Kafka: nothing is added, the refused topics say why, the others that they
+        # were not attempted.
+        txn, code = None, ErrorCode.operation_not_attempted
     if txn is not None:
         try:
             await join_partitions(session, txn, queues)
@@ -86,8 +95,9 @@ async def add_partitions_to_txn(session: Session, request: Any, version: int) ->
             code = coordinator_error(e)
     results = []
     for topic in request.v3_and_below_topics:
+        mine = ErrorCode.topic_authorization_failed if topic.name in refused else code
         parts = [
-            {"partition_index": index, "partition_error_code": code} for index in topic.partitions
+            {"partition_index": index, "partition_error_code": mine} for index in topic.partitions
         ]
         results.append({"name": topic.name, "results_by_partition": parts})
     return {"throttle_time": 0, "results_by_topic_v3_and_below": results}
@@ -97,11 +107,15 @@ async def add_offsets_to_txn(session: Session, request: Any, version: int) -> di
     _, code = await _transaction(
         session, request.transactional_id, request.producer_id, request.producer_epoch
     )
+    if code is ErrorCode.none and not await permitted(session, "group", request.group_id, "read"):
+        code = ErrorCode.group_authorization_failed
     return {"throttle_time": 0, "error_code": code}
 
 
 async def txn_offset_commit(session: Session, request: Any, version: int) -> dict[str, Any]:
-    if not session.owns(request.group_id):
+    if not await permitted(session, "group", request.group_id, "read"):
+        txn, code = None, ErrorCode.group_authorization_failed
+    elif not session.owns(request.group_id):
         txn, code = None, ErrorCode.not_coordinator
     elif not session.owns(request.transactional_id):
         return await _park_offsets(session, request)

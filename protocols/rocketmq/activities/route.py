@@ -1,7 +1,8 @@
 """QueryRoute and QueryAssignment: where a topic's queues are served.
 
 The answer names gateways, never storage nodes: the live ones from the gateway
-directory (``directory.endpoints("rocketmq")``). Each queue is routed to one of them
+directory (``directory.endpoints("rocketmq")``, or ``"rocketmq_tls"`` for a client of
+the TLS listener). Each queue is routed to one of them
 by rendezvous hashing of ``<topic>/<queue>`` (every gateway computes the same routes),
 so clients spread their load; any gateway serves any queue, since storage is shared.
 A gateway listed without a host (the merged form: this one) is named by the endpoints
@@ -57,7 +58,7 @@ class _Gateways:
             )
         self._rt = rt
         self._requested = requested
-        listed = rt.directory.endpoints(PROTOCOL) if rt.directory is not None else ()
+        listed = rt.directory.endpoints(rt.listener) if rt.directory is not None else ()
         self._listed: list[GatewayEndpoint] = list(listed)
 
     def owner(self, key: str) -> GatewayEndpoint | None:

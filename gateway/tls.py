@@ -1,0 +1,176 @@
+"""TLS mechanics: the ``ssl.SSLContext`` every TLS listener shares, built from
+``[tls]`` and reloaded in place, and the client certificate's name for principals.
+
+Pure of protocols: listeners take :class:`ServerTls` and wrap their sockets with
+``context``; the gRPC listener, whose TLS is grpc's own, takes the PEM bytes through
+:meth:`ServerTls.grpc_credentials`. Reloading (SIGHUP, :meth:`ServerTls.reload`) loads
+the files into the *same* context objects the listeners hold, so new handshakes use
+the new certificate while established connections carry on with the one they made:
+OpenSSL copies the certificate into each connection when it is created. A reload that
+fails (a missing file, a key that does not match) leaves the old material serving.
+CAs are added to the trust store on reload; removing a CA takes a restart.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from polymq.gateway.config import ConfigError, TlsConfig
+
+if TYPE_CHECKING:
+    import grpc
+
+__all__ = ["ServerTls", "TlsMaterial", "client_context", "peer_common_name", "server_tls"]
+
+log = logging.getLogger(__name__)
+
+_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
+_VERIFY = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
+
+
+@dataclass(frozen=True, slots=True)
+class TlsMaterial:
+    """The files' bytes as last loaded (grpc takes PEM bytes, not a context)."""
+
+    chain: bytes
+    key: bytes
+    ca: bytes | None
+
+
+def _read(path: Path, key: str) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"'tls.{key}' {str(path)!r}: cannot read it: {e.strerror or e}") from e
+
+
+def _load_into(context: ssl.SSLContext, config: TlsConfig) -> None:
+    assert config.cert_file is not None and config.key_file is not None
+    try:
+        context.load_cert_chain(config.cert_file, config.key_file)
+        if config.ca_file is not None:
+            context.load_verify_locations(cafile=str(config.ca_file))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"[tls]: cannot load the certificate, key or CA: {e}") from e
+
+
+def _new_context(config: TlsConfig, purpose: ssl.Purpose) -> ssl.SSLContext:
+    context = ssl.create_default_context(purpose)
+    context.minimum_version = _VERSIONS[config.min_version]
+    return context
+
+
+class ServerTls:
+    """The server side of ``[tls]``: one live context for every TLS listener."""
+
+    def __init__(self, config: TlsConfig) -> None:
+        if config.cert_file is None or config.key_file is None:
+            raise ConfigError("[tls]: no 'cert_file' and 'key_file': no TLS to serve")
+        self.config = config
+        self.context = _new_context(config, ssl.Purpose.CLIENT_AUTH)
+        self.context.verify_mode = _VERIFY[config.verify]
+        _load_into(self.context, config)
+        self._lock = threading.Lock()  # grpc reads the material from its own threads
+        self._material = self._read_material()
+        self._generation = 0
+
+    @property
+    def generation(self) -> int:
+        """How many reloads succeeded: grpc's credentials fetch a new configuration
+        when it moved."""
+        return self._generation
+
+    @property
+    def material(self) -> TlsMaterial:
+        with self._lock:
+            return self._material
+
+    def _read_material(self) -> TlsMaterial:
+        config = self.config
+        assert config.cert_file is not None and config.key_file is not None
+        ca = _read(config.ca_file, "ca_file") if config.ca_file is not None else None
+        chain, key = _read(config.cert_file, "cert_file"), _read(config.key_file, "key_file")
+        return TlsMaterial(chain=chain, key=key, ca=ca)
+
+    def reload(self) -> None:
+        """Load the files again into the live context: new connections use them,
+        open ones are untouched. They are tried on a scratch context first, so a bad
+        file raises :class:`ConfigError` and changes nothing."""
+        _load_into(_new_context(self.config, ssl.Purpose.CLIENT_AUTH), self.config)
+        material = self._read_material()
+        _load_into(self.context, self.config)
+        with self._lock:
+            self._material = material
+            self._generation += 1
+        log.info("tls: reloaded %s", self.config.cert_file)
+
+    def grpc_credentials(self) -> grpc.ServerCredentials:
+        """grpc's credentials over the same files, asking for the current material at
+        each new handshake (grpc's dynamic credentials), so a reload reaches gRPC too.
+        grpc offers no "optional" client certificate: ``verify = "optional"`` asks
+        for none there."""
+        import grpc
+
+        required = self.config.verify == "required"
+
+        def configuration(material: TlsMaterial) -> Any:
+            return grpc.ssl_server_certificate_configuration(
+                [(material.key, material.chain)],
+                root_certificates=material.ca if required else None,
+            )
+
+        seen = [self.generation]
+
+        def fetch() -> Any:
+            generation = self.generation
+            if generation == seen[0]:
+                return None  # unchanged: grpc keeps what it has
+            seen[0] = generation
+            return configuration(self.material)
+
+        return grpc.dynamic_ssl_server_credentials(
+            configuration(self.material), fetch, require_client_authentication=required
+        )
+
+    def principal_name(self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
+        """The account a connection's verified client certificate names, when
+        ``principal_from`` says certificates name accounts; else ``None``."""
+        if self.config.principal_from == "none" or ssl_object is None:
+            return None
+        return peer_common_name(ssl_object.getpeercert())
+
+
+def server_tls(config: TlsConfig) -> ServerTls | None:
+    """The live server context when ``[tls]`` names a certificate."""
+    return ServerTls(config) if config.cert_file is not None else None
+
+
+def peer_common_name(peercert: Any) -> str | None:
+    """The subject CN of a certificate as ``SSLObject.getpeercert()`` gives it, which
+    is non-empty only for a certificate the handshake verified (the last CN when the
+    subject has several, as RabbitMQ's and Kafka's default mappings take the first
+    most specific one: subjects list from the root of the name down)."""
+    if not isinstance(peercert, dict):
+        return None
+    names = [
+        value for rdn in peercert.get("subject", ()) for key, value in rdn if key == "commonName"
+    ]
+    return names[-1] if names else None
+
+
+def client_context(config: TlsConfig) -> ssl.SSLContext | None:
+    """The client side between polymq processes (``tls.internal``): trust ``ca_file``
+    (or the system's CAs) and present ``cert_file`` for mutual TLS."""
+    if not config.internal:
+        return None
+    context = _new_context(config, ssl.Purpose.SERVER_AUTH)
+    if config.ca_file is not None:
+        context.load_verify_locations(cafile=str(config.ca_file))
+    if config.cert_file is not None and config.key_file is not None:
+        context.load_cert_chain(config.cert_file, config.key_file)
+    return context
