@@ -362,6 +362,7 @@ class Channel:
         if method.queue == REPLY_TO:
             await self._consume_reply_to(method, tag)
             return
+        await self.conn.processor.authorize(self.conn.caller, "topic", method.queue, "read")
         vhost = self.conn.vhost
         queue = vhost.queue(method.queue, self.conn.key, 60, 20)
         taken = any(c.exclusive for c in queue.consumers) or any(
@@ -585,6 +586,7 @@ class Channel:
 
     async def _basic_get(self, method: commands.Basic.Get) -> None:
         vhost, processor, caller = self.conn.vhost, self.conn.processor, self.conn.caller
+        await processor.authorize(caller, "topic", method.queue, "read")
         queue = vhost.queue(method.queue, self.conn.key, 60, 70)
         if queue.is_stream:
             raise ChannelError(

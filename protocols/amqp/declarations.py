@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from pamqp import commands
 
+from polymq.gateway.permissions import Operation
 from polymq.protocols.amqp import errors
 from polymq.protocols.amqp.errors import ChannelError
 from polymq.protocols.amqp.queues import json_safe
@@ -26,10 +27,20 @@ __all__ = [
 ]
 
 
+_SERVER_NAMED = "amq.gen"
+
 # -- exchange class --------------------------------------------------------------
 
 
+async def _authorize(channel: Channel, name: str, operation: Operation) -> None:
+    """RabbitMQ's configure/write/read as the permission model's operations on the
+    exchange or queue's name (docs/permissions.md); a refusal is access-refused (403)
+    through the channel's error mapping."""
+    await channel.conn.processor.authorize(channel.conn.caller, "topic", name, operation)
+
+
 async def exchange_declare(channel: Channel, method: commands.Exchange.Declare) -> None:
+    await _authorize(channel, method.exchange, "describe" if method.passive else "create")
     await channel.conn.vhost.declare_exchange(
         channel.conn.caller,
         name=method.exchange,
@@ -45,6 +56,7 @@ async def exchange_declare(channel: Channel, method: commands.Exchange.Declare) 
 
 
 async def exchange_delete(channel: Channel, method: commands.Exchange.Delete) -> None:
+    await _authorize(channel, method.exchange, "delete")
     await channel.conn.vhost.delete_exchange(
         channel.conn.caller, method.exchange, if_unused=method.if_unused
     )
@@ -63,6 +75,8 @@ async def exchange_bind(
         arguments=_binding_arguments(method.arguments),
     )
     unbind = isinstance(method, commands.Exchange.Unbind)
+    await _authorize(channel, method.destination, "write")
+    await _authorize(channel, method.source, "read")
     await channel.conn.vhost.bind(
         channel.conn.caller, binding, owner=channel.conn.key, unbind=unbind
     )
@@ -81,6 +95,10 @@ async def queue_declare(channel: Channel, method: commands.Queue.Declare) -> Non
             errors.PRECONDITION_FAILED,
             f"x-queue-type {arguments['x-queue-type']!r} is not supported",
         )
+    # A server-named queue is checked as "amq.gen" (its name is not known yet).
+    await _authorize(
+        channel, method.queue or _SERVER_NAMED, "describe" if method.passive else "create"
+    )
     queue = await vhost.declare_queue(
         caller,
         name=method.queue,
@@ -109,6 +127,8 @@ async def queue_bind(channel: Channel, method: commands.Queue.Bind | commands.Qu
         arguments=_binding_arguments(method.arguments),
     )
     unbind = isinstance(method, commands.Queue.Unbind)
+    await _authorize(channel, queue, "write")
+    await _authorize(channel, method.exchange, "read")
     await channel.conn.vhost.bind(
         channel.conn.caller, binding, owner=channel.conn.key, unbind=unbind
     )
@@ -119,6 +139,7 @@ async def queue_bind(channel: Channel, method: commands.Queue.Bind | commands.Qu
 
 
 async def queue_purge(channel: Channel, method: commands.Queue.Purge) -> None:
+    await _authorize(channel, method.queue, "delete")
     vhost = channel.conn.vhost
     queue = vhost.queue(method.queue, channel.conn.key, 50, 30)
     count = await vhost.purge(channel.conn.caller, queue)
@@ -127,6 +148,7 @@ async def queue_purge(channel: Channel, method: commands.Queue.Purge) -> None:
 
 
 async def queue_delete(channel: Channel, method: commands.Queue.Delete) -> None:
+    await _authorize(channel, method.queue, "delete")
     count = await channel.conn.vhost.delete_queue(
         channel.conn.caller,
         method.queue,

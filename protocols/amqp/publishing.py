@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from pamqp import commands
 
+from polymq.gateway.accounts import AccessDenied
 from polymq.gateway.fairness import cooperatively
 from polymq.protocols import interop
 from polymq.protocols.amqp import errors
@@ -81,6 +82,16 @@ class Publisher:
                 40,
             )
 
+    async def _may_write(self, publish: Publish) -> None:
+        """RabbitMQ's write permission, on the exchange published to; through the
+        default exchange, on the queue the routing key names (docs/permissions.md)."""
+        method = publish.method
+        target = method.exchange or method.routing_key
+        try:
+            await self._conn.processor.authorize(self._conn.caller, "topic", target, "write")
+        except AccessDenied as e:
+            raise ChannelError(errors.ACCESS_REFUSED, str(e), 60, 40) from e
+
     async def publish(self, batch: list[Publish]) -> None:
         """Route and store a run of publishes with one append, then send returns and
         confirms in publish order. A publish that fails (unknown exchange) first lets
@@ -101,6 +112,7 @@ class Publisher:
                 self.seq += 1
                 seq = self.seq
             try:
+                await self._may_write(publish)
                 self.resolve(publish)
                 request, returned, accepted, heads = await self._prepare(publish, now, added)
             except AmqpError as e:
