@@ -2,15 +2,34 @@
 
 Every protocol resolves its credentials here (SASL user, AMQP login, MQTT user name,
 RocketMQ and MNS access keys), so there is one notion of a tenant across protocols.
+
+Passwords are checked against stored credentials (:mod:`gateway.credentials`: an
+argon2id hash, SCRAM keys, or a clear password for trials) off the event loop, with a
+cache of recent successes (:mod:`gateway.verified_cache`); failures are counted,
+logged and slowed down per address (:mod:`gateway.login_guard`). RocketMQ and MNS
+sign requests with HMAC, which needs the secret key itself: it stays in the config.
 """
 
 from __future__ import annotations
 
-import hmac
+import asyncio
+import logging
+import threading
 from dataclasses import dataclass
+from typing import NoReturn
 
 from polymq.gateway.config import AccountConfig, AuthConfig
+from polymq.gateway.credentials import (
+    ScramKeys,
+    ScramMechanismName,
+    StoredCredentials,
+    dummy_hash,
+    verify_password,
+)
+from polymq.gateway.login_guard import LoginGuard, LoginGuardConfig
 from polymq.gateway.permissions import Rule, expand_operations
+from polymq.gateway.verified_cache import VerifiedCache
+from polymq.storage.clock import Clock, SystemClock
 from polymq.storage.model import DEFAULT_NAMESPACE
 
 __all__ = [
@@ -22,6 +41,11 @@ __all__ = [
     "AuthenticationFailed",
     "Principal",
 ]
+
+log = logging.getLogger(__name__)
+
+# argon2id at its default cost takes 64 MiB per check: at most this many at once.
+_CONCURRENT_HASHES = 2
 
 
 class AuthError(Exception):
@@ -78,19 +102,54 @@ class AccessKey:
 
 
 class Accounts:
-    """The configured accounts, looked up by user name or access key."""
+    """The configured accounts, looked up by user name or access key.
 
-    def __init__(self, config: AuthConfig) -> None:
+    ``clock`` times the slowdown of failed logins (:mod:`gateway.login_guard`)."""
+
+    def __init__(self, config: AuthConfig, *, clock: Clock | None = None) -> None:
+        self._guard = LoginGuard(
+            LoginGuardConfig(
+                free_failures=config.login_failures_free,
+                first_delay_ms=config.login_failure_delay_ms,
+                max_delay_ms=config.login_failure_max_delay_ms,
+            ),
+            clock or SystemClock(),
+        )
+        self._verified: VerifiedCache[StoredCredentials] = VerifiedCache()
+        # A threading semaphore, taken in the worker thread: bounds memory without
+        # tying this object to one event loop.
+        self._hashing = threading.BoundedSemaphore(_CONCURRENT_HASHES)
+        self._load(config)
+
+    def _load(self, config: AuthConfig) -> None:
         self._open = config.mode == "open"
         self._by_user: dict[str, tuple[AccountConfig, Principal]] = {}
         self._by_access_key: dict[str, AccessKey] = {}
+        self._credentials: dict[str, StoredCredentials] = {}
         for account in config.accounts:
             principal = _principal(account)
             self._by_user[account.user] = (account, principal)
+            self._credentials[account.user] = StoredCredentials.from_config(
+                password=account.password,
+                password_hash=account.password_hash,
+                scram_sha_256=account.scram_sha_256,
+                scram_sha_512=account.scram_sha_512,
+            )
+            if account.password is not None and not self._open:
+                log.warning(
+                    "account %r: its password is stored in clear in the config (fine for"
+                    " a trial; use password_hash and SCRAM keys from `polymq passwd`)",
+                    account.user,
+                )
             if account.access_key is not None:
                 self._by_access_key[account.access_key] = AccessKey(
                     principal=principal, secret_key=account.secret_key
                 )
+
+    def reload(self, config: AuthConfig) -> None:
+        """Take new accounts; every cached verification is dropped with the old ones."""
+        self._load(config)
+        self._verified.clear()
 
     @property
     def open(self) -> bool:
@@ -103,22 +162,75 @@ class Accounts:
             named.update(account.namespaces)
         return frozenset(named)
 
-    def authenticate(self, username: str | None, password: str | None) -> Principal:
+    async def authenticate(
+        self, username: str | None, password: str | None, *, protocol: str, peer: str = ""
+    ) -> Principal:
         """The principal for a user name and password; anyone in open mode.
 
-        Always does one constant-time comparison, even for an unknown user, so the
-        answer's timing does not tell which user names exist."""
+        The check runs in a worker thread (argon2id is slow on purpose), except when
+        this exact user and password were verified against the same stored
+        credentials recently. An unknown user's attempt is hashed against a dummy,
+        so the answer's timing does not tell which user names exist. A failure is
+        counted, logged (user name, protocol, ``peer``; never the password) and
+        answered after the address's backoff, then raises
+        :class:`AuthenticationFailed`."""
         if self._open:
             return ANONYMOUS
-        found = self._by_user.get(username or "")
-        expected = found[0].password if found is not None else None
-        ok = hmac.compare_digest(
-            (expected if expected is not None else "\0unusable").encode(),
-            (password or "").encode(),
-        )
-        if found is None or expected is None or password is None or not ok:
-            raise AuthenticationFailed("bad user name or password")
-        return found[1]
+        user = username or ""
+        found = self._by_user.get(user)
+        credentials = self._credentials.get(user)
+        if (
+            found is not None
+            and credentials is not None
+            and password is not None
+            and self._verified.get(user, password) is credentials
+        ):
+            return self.accepted(found[1], peer)
+        ok = await asyncio.to_thread(self._verify, credentials, password)
+        if not ok or found is None or credentials is None or password is None:
+            await self.refuse(protocol=protocol, user=user, peer=peer)
+        self._verified.put(user, password, credentials)
+        return self.accepted(found[1], peer)
+
+    def _verify(self, credentials: StoredCredentials | None, password: str | None) -> bool:
+        with self._hashing:
+            if credentials is None or password is None or not credentials.verifies_passwords:
+                verify_password(dummy_hash(), password or "")
+                return False
+            return credentials.verify(password)
+
+    def scram_keys(self, username: str, mechanism: ScramMechanismName) -> ScramKeys | None:
+        """The SCRAM server keys of ``username`` for ``mechanism``; ``None`` when the
+        user is unknown or was given none (an argon2id hash cannot stand in for them),
+        which the SCRAM exchange turns into an ordinary authentication failure."""
+        credentials = self._credentials.get(username)
+        return None if credentials is None else credentials.scram.get(mechanism)
+
+    def principal(self, username: str) -> Principal | None:
+        """The principal of a user whose proof was checked elsewhere (SCRAM); anyone
+        in open mode."""
+        if self._open:
+            return ANONYMOUS
+        found = self._by_user.get(username)
+        return None if found is None else found[1]
+
+    def accepted(self, principal: Principal, peer: str) -> Principal:
+        """Note a successful login from ``peer`` (its address's failures are forgotten)."""
+        self._guard.succeeded(peer)
+        return principal
+
+    async def refuse(self, *, protocol: str, user: str | None, peer: str) -> NoReturn:
+        """Count and log a failed login, wait the address's backoff, then raise
+        :class:`AuthenticationFailed`."""
+        delay_ms = self._guard.failed(protocol=protocol, user=user, peer=peer)
+        if delay_ms:
+            clock = self._guard.clock
+            await clock.sleep_until(clock.now_ms() + delay_ms)
+        raise AuthenticationFailed("bad user name or password")
+
+    def login_failures(self) -> dict[str, int]:
+        """Failed logins so far, by protocol (for ``/metrics``)."""
+        return self._guard.failures()
 
     def by_certificate(self, name: str) -> Principal:
         """The account a verified client certificate names (its CN, with ``[tls]

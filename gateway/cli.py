@@ -209,6 +209,24 @@ def build_parser() -> argparse.ArgumentParser:
     nats.add_argument("--routes", default="", metavar="HOST:PORT[,...]", help="the others")
     nats.add_argument("--store-dir", type=Path, required=True, metavar="DIR")
     nats.add_argument("--sync-always", action="store_true", help="fsync every write")
+    passwd = commands.add_parser(
+        "passwd",
+        help="print the stored credentials (argon2id hash, SCRAM keys) for a password",
+        description="Read a password (a prompt, or --stdin) and print password_hash, "
+        "scram_sha_256 and scram_sha_512 as TOML lines for an [[auth.accounts]] table. "
+        "docs/security.md.",
+    )
+    passwd.add_argument(
+        "--stdin", action="store_true", help="read the password from stdin's first line"
+    )
+    passwd.add_argument("--user", metavar="NAME", help="also print the table header and user")
+    passwd.add_argument(
+        "--scram-iterations",
+        type=int,
+        default=4096,
+        metavar="N",
+        help="PBKDF2 iterations of the SCRAM keys [4096, Kafka's default]",
+    )
     conformance = commands.add_parser(
         "conformance",
         help="run the conformance suite and interop matrix against --target",
@@ -345,6 +363,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
                 sync_always=args.sync_always,
             )
         )
+    if args.command == "passwd":
+        from polymq.gateway import passwd
+
+        return passwd.run(from_stdin=args.stdin, iterations=args.scram_iterations, user=args.user)
     if args.command == "cluster":
         from polymq.gateway import cluster_tool
 

@@ -13,11 +13,12 @@ import difflib
 import tomllib
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields, is_dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, Union, get_args, get_origin
 
+from polymq.gateway.credentials import CredentialError, ScramKeys, check_password_hash
 from polymq.gateway.permissions import RuleError, expand_operations
 from polymq.nameserver.config import NameserverConfig
 from polymq.navigation.config import NavigationConfig
@@ -192,7 +193,13 @@ class AccountConfig:
     ``permissions``: rules narrowing what it may do there; none keeps it all."""
 
     user: str
+    # Credentials (docs/security.md): an argon2id PHC string and/or SCRAM keys in
+    # RFC 5803 form, as `polymq passwd` prints them. ``password`` in clear is for
+    # trials only (a warning says so at start-up).
     password: str | None = None
+    password_hash: str | None = None
+    scram_sha_256: str | None = None
+    scram_sha_512: str | None = None
     access_key: str | None = None
     secret_key: str | None = None
     namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
@@ -205,6 +212,12 @@ class AccountConfig:
 class AuthConfig:
     mode: AuthMode = "open"
     accounts: tuple[AccountConfig, ...] = ()
+    # Failed logins from one address (gateway.login_guard): this many in a row are
+    # answered at once, then each waits twice the last, from the first delay up to
+    # the max.
+    login_failures_free: int = 2
+    login_failure_delay_ms: int = 100
+    login_failure_max_delay_ms: int = 3000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -586,6 +599,9 @@ def _validate_tls(tls: TlsConfig) -> None:
 
 
 def _validate_accounts(auth: AuthConfig) -> None:
+    for key in ("login_failures_free", "login_failure_delay_ms", "login_failure_max_delay_ms"):
+        if getattr(auth, key) < 0:
+            raise ConfigError(f"'auth.{key}' must not be negative, got {getattr(auth, key)}")
     if auth.mode == "accounts" and not auth.accounts:
         raise ConfigError(
             "'auth.mode' is 'accounts' but no [[auth.accounts]] are configured: "
@@ -602,10 +618,7 @@ def _validate_accounts(auth: AuthConfig) -> None:
         users.add(account.user)
         if (account.access_key is None) != (account.secret_key is None):
             raise ConfigError(f"{where!r}: 'access_key' and 'secret_key' go together")
-        if account.password is None and account.access_key is None:
-            raise ConfigError(
-                f"{where!r}: user {account.user!r} has neither a password nor an access key"
-            )
+        _validate_credentials(where, account)
         if account.access_key is not None:
             if account.access_key in keys:
                 raise ConfigError(f"{where!r}: access key {account.access_key!r} is used twice")
@@ -626,3 +639,28 @@ def _validate_accounts(auth: AuthConfig) -> None:
                 raise ConfigError(f"'{where}.permissions[{j}]': {e}") from None
             if not rule.pattern and rule.match != "prefix":
                 raise ConfigError(f"'{where}.permissions[{j}]': 'pattern' is empty")
+
+
+def _validate_credentials(where: str, account: AccountConfig) -> None:
+    """Stored credentials parse now, so a typo is a start-up error, not a login that
+    fails later; the messages never echo a secret."""
+    if account.password is not None and account.password_hash is not None:
+        raise ConfigError(f"{where!r}: give 'password_hash' or (for trials) 'password', not both")
+    logins = (account.password, account.password_hash, account.scram_sha_256, account.scram_sha_512)
+    if all(c is None for c in logins) and account.access_key is None:
+        raise ConfigError(
+            f"{where!r}: user {account.user!r} has neither a password (hash or SCRAM keys)"
+            " nor an access key"
+        )
+    checks: tuple[tuple[str, str | None, Callable[[str], object]], ...] = (
+        ("password_hash", account.password_hash, check_password_hash),
+        ("scram_sha_256", account.scram_sha_256, lambda t: ScramKeys.parse("SCRAM-SHA-256", t)),
+        ("scram_sha_512", account.scram_sha_512, lambda t: ScramKeys.parse("SCRAM-SHA-512", t)),
+    )
+    for key, text, check in checks:
+        if text is None:
+            continue
+        try:
+            check(text)
+        except CredentialError as e:
+            raise ConfigError(f"{where!r}: {key!r} of user {account.user!r}: {e}") from None

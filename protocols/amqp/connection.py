@@ -504,7 +504,7 @@ class AmqpConnection:
         if isinstance(method, commands.Connection.StartOk) and method.mechanism == "EXTERNAL":
             self._external_start_ok(method)
         elif isinstance(method, commands.Connection.StartOk):
-            self._start_ok(method)
+            await self._start_ok(method)
         elif isinstance(method, commands.Connection.TuneOk):
             self._tune_ok(method)
         elif isinstance(method, commands.Connection.Open):
@@ -520,13 +520,15 @@ class AmqpConnection:
             self.send_frame(0, commands.Connection.UpdateSecretOk())
         self._state = following
 
-    def _start_ok(self, method: commands.Connection.StartOk) -> None:
+    async def _start_ok(self, method: commands.Connection.StartOk) -> None:
         mechanism = method.mechanism
         response = method.response
         raw = response.encode() if isinstance(response, str) else bytes(response or b"")
         user, password = _credentials(mechanism, raw)
         try:
-            principal = self._context.accounts.authenticate(user, password)
+            principal = await self._context.accounts.authenticate(
+                user, password, protocol="amqp", peer=self._peer()
+            )
         except AuthError as e:
             raise ConnectionError_(
                 errors.ACCESS_REFUSED,
@@ -576,6 +578,15 @@ class AmqpConnection:
                 heartbeat=self._heartbeat_s,
             ),
         )
+
+    def _peer(self) -> str:
+        """The client's ``host:port``, as the connection registry lists it."""
+        known = (
+            None
+            if self._connection_id is None
+            else self._context.connections.get(self._connection_id)
+        )
+        return "" if known is None else known.peer
 
     def _tune_ok(self, method: commands.Connection.TuneOk) -> None:
         if method.frame_max:

@@ -25,7 +25,7 @@ __all__ = ["admin_router"]
 _PROTOCOL = "http"
 
 
-def _principal(context: ListenerContext, request: Request) -> Principal:
+async def _principal(context: ListenerContext, request: Request) -> Principal:
     if context.accounts.open:
         return ANONYMOUS
     header = request.headers.get("authorization", "")
@@ -38,7 +38,9 @@ def _principal(context: ListenerContext, request: Request) -> Principal:
     except (binascii.Error, UnicodeDecodeError):
         raise HTTPException(401, "malformed Basic credentials", headers=challenge) from None
     try:
-        return context.accounts.authenticate(user, password)
+        client = request.client
+        peer = f"{client.host}:{client.port}" if client is not None else ""
+        return await context.accounts.authenticate(user, password, protocol="http", peer=peer)
     except AuthError:
         raise HTTPException(401, "bad user name or password", headers=challenge) from None
 
@@ -48,7 +50,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
     processor = context.processor
 
     async def callers(request: Request, namespace: str | None) -> list[Caller]:
-        principal = _principal(context, request)
+        principal = await _principal(context, request)
         base = Caller(
             principal=principal, namespace=principal.default_namespace, protocol=_PROTOCOL
         )
@@ -147,7 +149,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
 
     @router.get("/connections", summary="Open connections, per protocol")
     async def connections(request: Request) -> dict[str, Any]:
-        principal = _principal(context, request)
+        principal = await _principal(context, request)
         listed = [
             c
             for c in context.connections.list()
@@ -174,7 +176,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
 
     @router.get("/accounts", summary="Configured accounts, without passwords or secrets")
     async def accounts(request: Request) -> dict[str, Any]:
-        principal = _principal(context, request)
+        principal = await _principal(context, request)
         return {
             "mode": context.config.auth.mode,
             "accounts": [
@@ -185,7 +187,15 @@ def admin_router(context: ListenerContext) -> APIRouter:
                     or (a.namespaces[0] if a.namespaces else None),
                     "admin": a.admin,
                     "access_key": a.access_key,
-                    "has_password": a.password is not None,
+                    "has_password": a.password is not None or a.password_hash is not None,
+                    "scram": [
+                        m
+                        for m, keys in (
+                            ("SCRAM-SHA-256", a.scram_sha_256),
+                            ("SCRAM-SHA-512", a.scram_sha_512),
+                        )
+                        if keys is not None or a.password is not None
+                    ],
                 }
                 for a in context.config.auth.accounts
                 if principal.admin or a.user == principal.name
@@ -194,7 +204,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
 
     @router.get("/usage", summary="Metering: messages and bytes per namespace and protocol")
     async def usage(request: Request) -> dict[str, Any]:
-        principal = _principal(context, request)
+        principal = await _principal(context, request)
         return {
             "usage": [
                 asdict(u) for u in context.metering.snapshot() if principal.may_use(u.namespace)

@@ -74,6 +74,14 @@ class _GatewayCollector(Collector):
         for protocol, count in sorted(per_protocol.items()):
             connections.add_metric([protocol], count)
         yield connections
+        failed = CounterMetricFamily(
+            "polymq_login_failures",
+            "Failed logins (bad user name or password), by protocol.",
+            labels=["protocol"],
+        )
+        for protocol, count in sorted(self._context.accounts.login_failures().items()):
+            failed.add_metric([protocol], count)
+        yield failed
         depth = GaugeMetricFamily(
             "polymq_topic_messages",
             "Messages retained in a topic (latest minus earliest offset, all queues).",

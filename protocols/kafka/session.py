@@ -55,10 +55,6 @@ class KafkaServices:
         # which holds the loop (measured: 240 ms for a Fetch of 100,000 partitions, so
         # about 50 ms at the default).
         self.max_request_items = ITEMS_PER_BATCH_ITEM * self.limits.max_batch_items
-        # SCRAM needs the password itself to derive the server's keys.
-        self.passwords: dict[str, str] = {
-            a.user: a.password for a in context.config.auth.accounts if a.password is not None
-        }
         self.coordinator = GroupCoordinator(
             initial_rebalance_delay_ms=self.config.group_initial_rebalance_delay_ms
         )

@@ -361,6 +361,12 @@ class MqttConnection:
 
     # -- CONNECT ---------------------------------------------------------------------
 
+    def _peer(self) -> str:
+        """The client's ``host:port``, as the connection registry lists it."""
+        registry = self._services.connections
+        known = None if self._connection_id is None else registry.get(self._connection_id)
+        return "" if known is None else known.peer
+
     async def _accept(self, connect: codec.Connect) -> bool:
         self._out.level = connect.level
         self._v5 = connect.level == codec.LEVEL_5
@@ -379,7 +385,9 @@ class MqttConnection:
             if self._certificate_name is not None:
                 principal = services.accounts.by_certificate(self._certificate_name)
             else:
-                principal = services.accounts.authenticate(connect.username, password)
+                principal = await services.accounts.authenticate(
+                    connect.username, password, protocol="mqtt", peer=self._peer()
+                )
             services.accounts.authorize(principal, principal.default_namespace)
         except AuthError as e:
             log.info("mqtt: refused %r: %s", connect.username, e)

@@ -28,8 +28,8 @@ def accounts() -> Accounts:
     return Accounts(AuthConfig(mode="accounts", accounts=(ALICE, BOB, OPS, KEY_ONLY)))
 
 
-def test_password_ok(accounts: Accounts) -> None:
-    principal = accounts.authenticate("alice", "s3cret")
+async def test_password_ok(accounts: Accounts) -> None:
+    principal = await accounts.authenticate("alice", "s3cret", protocol="test")
     assert principal == Principal(
         name="alice",
         namespaces=frozenset({"alice", "shared"}),
@@ -38,8 +38,8 @@ def test_password_ok(accounts: Accounts) -> None:
     )
 
 
-def test_default_namespace_defaults_to_default(accounts: Accounts) -> None:
-    bob = accounts.authenticate("bob", "hunter2")
+async def test_default_namespace_defaults_to_default(accounts: Accounts) -> None:
+    bob = await accounts.authenticate("bob", "hunter2", protocol="test")
     assert bob.default_namespace == "default"
     assert bob.namespaces == frozenset({"default"})
 
@@ -56,16 +56,16 @@ def test_default_namespace_defaults_to_default(accounts: Accounts) -> None:
         ("mns-app", "\0unusable"),
     ],
 )
-def test_password_bad(accounts: Accounts, user: str | None, password: str | None) -> None:
+async def test_password_bad(accounts: Accounts, user: str | None, password: str | None) -> None:
     with pytest.raises(AuthenticationFailed) as info:
-        accounts.authenticate(user, password)
+        await accounts.authenticate(user, password, protocol="test")
     assert str(info.value) == "bad user name or password"  # never says which part
 
 
-def test_access_key_lookup(accounts: Accounts) -> None:
+async def test_access_key_lookup(accounts: Accounts) -> None:
     key = accounts.access_key("AK-alice")
     assert key.secret_key == "SK-alice"
-    assert key.principal == accounts.authenticate("alice", "s3cret")
+    assert key.principal == await accounts.authenticate("alice", "s3cret", protocol="test")
     assert accounts.access_key("AK-app").principal.name == "mns-app"
     with pytest.raises(AuthenticationFailed):
         accounts.access_key("AK-unknown")
@@ -73,13 +73,13 @@ def test_access_key_lookup(accounts: Accounts) -> None:
         accounts.access_key(None)
 
 
-def test_authorize(accounts: Accounts) -> None:
-    alice = accounts.authenticate("alice", "s3cret")
+async def test_authorize(accounts: Accounts) -> None:
+    alice = await accounts.authenticate("alice", "s3cret", protocol="test")
     accounts.authorize(alice, "alice")
     accounts.authorize(alice, "shared")
     with pytest.raises(AccessDenied, match="'alice' may not use namespace 'bob'"):
         accounts.authorize(alice, "bob")
-    ops = accounts.authenticate("ops", "root")
+    ops = await accounts.authenticate("ops", "root", protocol="test")
     accounts.authorize(ops, "anything")  # admins may use every namespace
 
 
@@ -87,11 +87,11 @@ def test_configured_namespaces(accounts: Accounts) -> None:
     assert accounts.namespaces() == frozenset({"alice", "shared", "default", "ops"})
 
 
-def test_open_mode_accepts_anyone() -> None:
+async def test_open_mode_accepts_anyone() -> None:
     accounts = Accounts(AuthConfig(mode="open", accounts=(ALICE,)))
     assert accounts.open
     for user, password in [(None, None), ("alice", "wrong"), ("x", "y")]:
-        assert accounts.authenticate(user, password) is ANONYMOUS
+        assert await accounts.authenticate(user, password, protocol="test") is ANONYMOUS
     assert ANONYMOUS.name == "anonymous"
     assert ANONYMOUS.default_namespace == "default"
     accounts.authorize(ANONYMOUS, "any-namespace")

@@ -17,7 +17,7 @@ __all__ = ["sasl_authenticate", "sasl_handshake"]
 
 async def sasl_handshake(session: Session, request: Any, version: int) -> dict[str, Any]:
     services = session.services
-    exchange = start_exchange(request.mechanism, services.accounts, services.passwords)
+    exchange = start_exchange(request.mechanism, services.accounts, session.peer.lstrip("/"))
     if exchange is None or session.state is not AuthState.START:
         code = (
             ErrorCode.unsupported_sasl_mechanism
@@ -34,7 +34,7 @@ async def sasl_authenticate(session: Session, request: Any, version: int) -> dic
     if session.sasl is None:
         return {"error_code": ErrorCode.illegal_sasl_state, "error_message": "no handshake"}
     try:
-        reply, principal = session.sasl.step(request.auth_bytes)
+        reply, principal = await session.sasl.step(request.auth_bytes)
     except AuthError:
         session.closing = True  # Kafka closes after a failed authentication
         return {
