@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from polymq.gateway.accounts import AuthenticationFailed, AuthError
 from polymq.gateway.fairness import cooperatively
+from polymq.gateway.permissions import Operation
 from polymq.gateway.processor import Caller
 from polymq.protocols.mqtt import codec
 from polymq.protocols.mqtt._state import ConnectionState, accepts
@@ -389,6 +390,14 @@ class MqttConnection:
                     connect.username, password, protocol="mqtt", peer=self._peer()
                 )
             services.accounts.authorize(principal, principal.default_namespace)
+            if connect.will_topic is not None:  # a will it could not publish: 0x87 / 5
+                await services.processor.permissions.check(
+                    principal,
+                    principal.default_namespace,
+                    "topic",
+                    storage_topic(connect.will_topic),
+                    "write",
+                )
         except AuthError as e:
             log.info("mqtt: refused %r: %s", connect.username, e)
             bad_login = isinstance(e, AuthenticationFailed)
@@ -631,6 +640,16 @@ class MqttConnection:
                         self._fail_ack(ack, _NOT_AUTHORIZED, "$SYS topics are the server's")
                     acks.append(ack)
                 continue
+            if not await self._permitted(storage_topic(topic), "write"):
+                # v5: PUBACK/PUBREC 0x87; v3 has no failure ack: acknowledged and
+                # dropped, as Mosquitto does (docs/permissions.md).
+                log.info("mqtt %s: not authorized to publish to %r", self.client_id, topic[:100])
+                if packet.qos:
+                    ack = _ack_for(packet, _SUCCESS)
+                    if self._v5:
+                        self._fail_ack(ack, _NOT_AUTHORIZED, f"not authorized for {topic[:100]!r}")
+                    acks.append(ack)
+                continue
             try:
                 await self._broker.ensure_topic(storage_topic(topic))
             except InvalidName as e:  # this one cannot be stored; the others can
@@ -745,6 +764,9 @@ class MqttConnection:
             if not valid or (shared is not None and sub.no_local):
                 reasons.append(_FILTER_INVALID if self._v5 else 0x80)
                 continue
+            if not await self._may_subscribe(sub.filter, shared):
+                reasons.append(_NOT_AUTHORIZED if self._v5 else 0x80)
+                continue
             options = SubOptions(
                 qos=sub.qos,
                 no_local=sub.no_local,
@@ -773,6 +795,21 @@ class MqttConnection:
             self.deliver(delivery)
         self._out.flush()
         self.wake()  # a new shared subscription: a new queue to pop
+
+    async def _permitted(self, name: str, operation: Operation) -> bool:
+        assert self._caller is not None
+        return await self._services.processor.permitted(self._caller, "topic", name, operation)
+
+    async def _may_subscribe(self, topic_filter: str, shared: tuple[str, str] | None) -> bool:
+        """Read permission on the storage topic of the filter's first level (a wildcard
+        there, ``+`` or ``#``, matches only rules allowing every name), and for a shared
+        subscription on its group (docs/permissions.md)."""
+        assert self._caller is not None
+        if shared is not None:
+            group, topic_filter = shared
+            if not await self._services.processor.permitted(self._caller, "group", group, "read"):
+                return False
+        return await self._permitted(storage_topic(topic_filter), "read")
 
     async def _on_unsubscribe(self, packet: codec.Unsubscribe) -> None:
         assert self._broker is not None and self._session is not None
