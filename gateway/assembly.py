@@ -102,7 +102,9 @@ def open_storage(url: str, config: GatewayConfig, clock: Clock) -> StorageAPI:
         if not nameservers:
             raise ConfigError(f"storage URL {url!r} names no nameserver (polymq://host:port,…)")
         return ClusterStorage(
-            NameserverClient(nameservers), lambda node: RemoteStorage(node.host, node.port)
+            NameserverClient(nameservers),
+            lambda node: RemoteStorage(node.host, node.port),
+            start_timeout_s=max(0, config.cluster.storage_wait_ms) / 1000,
         )
     if parts.scheme == "nats":
         servers, options = parse_nats_url(url)

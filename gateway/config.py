@@ -326,6 +326,9 @@ class ClusterConfig:
     gateway_id: str = ""  # empty: host and port of the first listener
     advertised_host: str = ""  # what clients are told to dial; empty: server.host
     heartbeat_ms: int = 1000  # storage nodes to nameservers, gateways to navigation
+    # How long a starting gateway waits for a first live storage node before it serves
+    # without one (storage calls answer "unavailable" until a node registers).
+    storage_wait_ms: int = 30_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

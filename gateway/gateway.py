@@ -8,7 +8,7 @@ composition root (:mod:`gateway.assembly`), as RocketMQ's proxy decides between
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 
@@ -33,7 +33,7 @@ from polymq.navigation.endpoints import (
 )
 from polymq.storage.api import StorageAPI
 from polymq.storage.clock import Clock, SystemClock
-from polymq.storage.errors import NamespaceAlreadyExists
+from polymq.storage.errors import NamespaceAlreadyExists, StorageUnavailable
 from polymq.storage.lifecycle import Service
 
 __all__ = ["Gateway"]
@@ -45,7 +45,9 @@ class Gateway(Service):
     """Storage, accounts, metering, connections, the processor and the listeners,
     with one lifecycle: ``async with`` starts storage, creates the configured
     namespaces and starts the listeners; leaving stops the listeners in reverse,
-    closes remaining connections, then closes storage.
+    closes remaining connections, then closes storage. Storage that does not answer
+    at the start does not stop it: the listeners serve (storage calls answer each
+    protocol's retryable error) and the configured namespaces are created once it does.
 
     ``gateway.assembly.build_gateway`` builds one from the configuration; several
     gateways over one storage (tests) are composed here directly.
@@ -165,9 +167,13 @@ class Gateway(Service):
         await self.storage.start()
         self._storage_started = True
         try:
-            for namespace in self.namespaces():
-                with contextlib.suppress(NamespaceAlreadyExists):
-                    await self.storage.create_namespace(namespace)
+            missing = await self._create_namespaces(self.namespaces())
+            if missing:
+                log.warning(
+                    "storage unavailable: namespaces %s are created once it answers",
+                    ", ".join(missing),
+                )
+                self.tasks.spawn(self._create_later(missing), name="gateway-namespaces")
             await self.listeners.start()
             if isinstance(self.directory, SingleGateway):
                 for listener in self.listeners:
@@ -179,9 +185,32 @@ class Gateway(Service):
             await self.close()
             raise
 
+    async def _create_namespaces(self, namespaces: list[str]) -> list[str]:
+        """Create each namespace; those storage could not take now (no live node, a
+        shard moving) are returned, to be created later rather than fail the start."""
+        missing: list[str] = []
+        for namespace in namespaces:
+            try:
+                await self.storage.create_namespace(namespace)
+            except NamespaceAlreadyExists:
+                pass
+            except StorageUnavailable:
+                missing.append(namespace)
+        return missing
+
+    async def _create_later(self, namespaces: list[str]) -> None:
+        """Retry until every namespace exists (backing off to 2 s between tries)."""
+        delay_s = 0.1
+        while namespaces:
+            await asyncio.sleep(delay_s)
+            delay_s = min(2.0, delay_s * 2)
+            namespaces = await self._create_namespaces(namespaces)
+        log.info("storage answers: configured namespaces exist")
+
     async def close(self) -> None:
         """Idempotent; each step runs even if an earlier one failed, so storage is
         always closed (and flushed) last."""
+        await self.tasks.close()  # first: no namespace creation left over closed storage
         try:
             if isinstance(self.directory, RegisteredDirectory):
                 await self.directory.close()  # first: clients stop being sent here

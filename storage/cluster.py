@@ -76,7 +76,8 @@ class ClusterStorage:
     ``connect`` makes the client of one node (a ``RemoteStorage``); :meth:`close`
     closes both (the route source if it has a ``close``). Routes are refreshed every
     ``refresh_ms`` and at once on a miss; :meth:`start` waits up to
-    ``start_timeout_s`` for a first live node.
+    ``start_timeout_s`` for a first live node and goes on without one (calls answer
+    :class:`StorageUnavailable` until a node registers).
 
     Every guarantee of the storage API holds per node, hence for every call that
     stays on one node: all calls naming one topic, one queue or one receipt, and
@@ -133,7 +134,8 @@ class ClusterStorage:
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Wait until the nameservers list a live node, then keep routes fresh."""
+        """Wait (bounded) until the nameservers list a live node, then keep routes
+        fresh; never fails for want of a node."""
         await self._router.start()
 
     async def close(self) -> None:

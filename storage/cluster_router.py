@@ -40,7 +40,7 @@ NodeCall = Callable[[NodeClient], Awaitable[T]]
 class Router:
     """The route cache of one cluster client, kept fresh, and the lookups its calls
     make. Refreshed every ``refresh_ms`` and at once on a miss; :meth:`start` waits up
-    to ``start_timeout_s`` for a first live node."""
+    to ``start_timeout_s`` for a first live node, and goes on without one."""
 
     def __init__(
         self,
@@ -65,7 +65,12 @@ class Router:
     # -- lifecycle -----------------------------------------------------------------
 
     async def start(self) -> None:
-        """Wait until the nameservers list a live node, then keep routes fresh."""
+        """Wait up to ``start_timeout_s`` for the nameservers to list a live node, then
+        keep routes fresh. Finding none is not fatal: calls answer
+        :class:`StorageUnavailable` (retryable) until the refresher sees a node, as a
+        RabbitMQ node serves while a quorum queue's leader is away. A gateway that
+        exited instead was restarted into the same wait while a shard moved or the
+        pool restarted, and served nothing that was up meanwhile."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._start_timeout_s
         reason = "no storage node is registered"
@@ -77,9 +82,13 @@ class Router:
             if self.cache.has_live_node():
                 break
             if loop.time() >= deadline:
-                raise StorageUnavailable(
-                    f"no live storage node after {self._start_timeout_s:g} s: {reason}"
+                log.warning(
+                    "no live storage node after %g s (%s): serving anyway, storage calls "
+                    "answer 'unavailable' until a node registers",
+                    self._start_timeout_s,
+                    reason,
                 )
+                break
             await asyncio.sleep(min(0.1, self._refresh_s))
         self._tasks.spawn(self._refresh_loop(), name="polymq-cluster-routes")
 
@@ -173,6 +182,10 @@ class Router:
         if node is None:
             await self.refresh()
             node = self.cache.node(namespace, topic)
+        if node is None and not self.cache.has_live_node():
+            # No node to ask: the topic may well exist ("not found" would be a wrong
+            # answer, and invite creating it again).
+            raise StorageUnavailable("no live storage node")
         if node is None:
             raise TopicNotFound(f"topic {topic!r} does not exist in namespace {namespace!r}")
         if not node.alive:

@@ -112,7 +112,7 @@ class HttpListener(ListenerBase):
         sockname = sock.getsockname()
         self._address = (sockname[0], sockname[1])
         self._server, self._task, self._http = server, task, http
-        await http.notifier.start(await http.api.topics.http_subscriptions())
+        await http.notifier.start_from(http.api.topics.http_subscriptions)
 
     def socket_options(self, level: int, option: int) -> list[int]:
         """``getsockopt`` of every open connection (for tests and diagnostics)."""

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import random
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +23,7 @@ from polymq.gateway.accounts import Principal
 from polymq.gateway.processor import Caller, Processor
 from polymq.protocols.mns.attributes import SubscriptionAttributes
 from polymq.protocols.mns.messages import notification_body
-from polymq.storage.errors import StorageClosed, TopicNotFound
+from polymq.storage.errors import StorageClosed, StorageUnavailable, TopicNotFound
 from polymq.storage.model import QueueRef, StoredMessage
 
 __all__ = ["Notifier", "push_group", "push_topic", "retry_delay_ms"]
@@ -103,6 +103,36 @@ class Notifier:
             if sub.task is None:
                 sub.task = self._spawn(sub)
         self._companion_tasks = [asyncio.create_task(work()) for work in self._companions]
+
+    async def start_from(
+        self, load: Callable[[], Awaitable[list[tuple[str, str, str, SubscriptionAttributes]]]]
+    ) -> None:
+        """:meth:`start` with the subscriptions ``load`` finds. Storage that does not
+        answer yet (a gateway started before any storage node) starts it with none,
+        and they are loaded in the background once it answers: the gateway serves
+        meanwhile instead of failing its start."""
+        try:
+            found = await load()
+        except StorageUnavailable as exc:
+            log.warning("mns push: subscriptions loaded once storage answers (%s)", exc)
+            found = []
+            self.also_run(lambda: self._load_later(load))
+        await self.start(found)
+
+    async def _load_later(
+        self, load: Callable[[], Awaitable[list[tuple[str, str, str, SubscriptionAttributes]]]]
+    ) -> None:
+        delay_s = 0.1
+        while True:
+            await asyncio.sleep(delay_s)
+            delay_s = min(2.0, delay_s * 2)
+            try:
+                found = await load()
+            except StorageUnavailable:
+                continue
+            for namespace, topic, name, attrs in found:
+                self.watch(namespace, topic, name, attrs)
+            return
 
     async def stop(self) -> None:
         tasks = [s.task for s in self._subscriptions.values() if s.task is not None]

@@ -159,13 +159,35 @@ class _Unreachable:
         raise StorageUnavailable("no nameserver answered")
 
 
-async def test_start_gives_up_without_any_node(pool: Pool) -> None:
-    with pytest.raises(StorageUnavailable, match="no nameserver answered"):
-        await ClusterStorage(_Unreachable(), pool.connect, start_timeout_s=0.2).start()
+async def test_start_without_any_node_serves_once_one_comes(
+    pool: Pool, cluster: ClusterStorage
+) -> None:
+    """No node at the start is not fatal (a gateway serves what it can): calls answer
+    "unavailable" (never "not found") until the refresher sees a node."""
+    unreachable = ClusterStorage(_Unreachable(), pool.connect, start_timeout_s=0.2)
+    await unreachable.start()
+    with pytest.raises(StorageUnavailable):
+        await unreachable.create_namespace("later")
+    await unreachable.close()
+    await cluster.create_topic(NS, "kept")  # before the pool goes down
     for node in pool.nodes:
         node.down = True
-    with pytest.raises(StorageUnavailable, match="no live storage node"):
-        await pool.cluster(start_timeout_s=0.2).start()
+    starting = pool.cluster(start_timeout_s=0.2, refresh_ms=50)
+    await starting.start()
+    try:
+        for call in (
+            starting.create_namespace("later"),
+            starting.list_topics(NS),
+            starting.queue_offsets(QueueRef(NS, "kept")),
+        ):
+            with pytest.raises(StorageUnavailable, match="no live storage node"):
+                await call
+        for node in pool.nodes:
+            node.down = False
+        await eventually(lambda: starting.routes.has_live_node())
+        assert (await starting.queue_offsets(QueueRef(NS, "kept"))).latest == 0
+    finally:
+        await starting.close()
 
 
 async def test_cached_routes_keep_serving_while_nameservers_are_down(
