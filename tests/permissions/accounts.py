@@ -40,17 +40,17 @@ def allow(resource: str, pattern: str, *operations: str, match: str = "glob") ->
     )
 
 
-# reader: reads data.* (any group); writer: writes and creates data.*, transactional
+# reader: reads data-* (any group); writer: writes and creates data-*, transactional
 # ids tx-ok*; guest: no rules (the whole namespace); ops: admin; outsider: namespace
 # "other" only.
 ACCOUNTS = AuthConfig(
     mode="accounts",
     accounts=(
-        _account("reader", SHOP, allow("topic", "data.*", "read"), allow("group", "*", "read")),
+        _account("reader", SHOP, allow("topic", "data-*", "read"), allow("group", "*", "read")),
         _account(
             "writer",
             SHOP,
-            allow("topic", "data.*", "write", "create"),
+            allow("topic", "data-*", "write", "create"),
             allow("transactional_id", "tx-ok", "write", match="prefix"),
         ),
         _account("guest", SHOP),

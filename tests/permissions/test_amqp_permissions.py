@@ -59,7 +59,7 @@ def _setup(server: LiveServer, queue: str) -> None:
 
 
 def test_reader_reads_and_may_not_write_declare_or_delete(server: LiveServer) -> None:
-    queue = _name("data.")
+    queue = _name("data-")
     _setup(server, queue)
     connection = _connect(server, "reader")
     channel = connection.channel()
@@ -72,7 +72,7 @@ def test_reader_reads_and_may_not_write_declare_or_delete(server: LiveServer) ->
         ch.basic_publish("", queue, b"nope")
 
     assert _refused(server, "reader", publish) == ACCESS_REFUSED
-    assert _refused(server, "reader", lambda ch: ch.queue_declare(_name("data."))) == (
+    assert _refused(server, "reader", lambda ch: ch.queue_declare(_name("data-"))) == (
         ACCESS_REFUSED
     )
     assert _refused(server, "reader", lambda ch: ch.queue_delete(queue)) == ACCESS_REFUSED
@@ -82,12 +82,12 @@ def test_reader_reads_and_may_not_write_declare_or_delete(server: LiveServer) ->
 
 
 def test_writer_writes_and_may_not_consume_or_get(server: LiveServer) -> None:
-    queue = _name("data.")
+    queue = _name("data-")
     _setup(server, queue)
     connection = _connect(server, "writer")
     channel = connection.channel()
     channel.confirm_delivery()
-    channel.exchange_declare(_name("data.x"), "fanout")
+    channel.exchange_declare(_name("data-x"), "fanout")
     channel.basic_publish("", queue, b"more")
     connection.close()
     assert _refused(server, "writer", lambda ch: ch.basic_get(queue)) == ACCESS_REFUSED
@@ -99,7 +99,7 @@ def test_writer_writes_and_may_not_consume_or_get(server: LiveServer) -> None:
 
 
 def test_another_vhost_is_out_of_reach(server: LiveServer) -> None:
-    queue = _name("data.")
+    queue = _name("data-")
     _setup(server, queue)
     with pytest.raises(ProbableAccessDeniedError):
         _connect(server, "outsider", SHOP)

@@ -48,9 +48,7 @@ def _sasl(server: LiveServer, user: str) -> dict[str, Any]:
 def _produce(server: LiveServer, user: str, topic: str, **extra: Any) -> KafkaError | None:
     """One record's delivery report: None when stored, else its error."""
     reports: list[KafkaError | None] = []
-    producer = Producer(
-        {**_sasl(server, user), "message.timeout.ms": 10000, "retries": 0, **extra}
-    )
+    producer = Producer({**_sasl(server, user), "message.timeout.ms": 10000, "retries": 0, **extra})
     producer.produce(topic, b"v", on_delivery=lambda err, _msg: reports.append(err))
     producer.flush(_TIMEOUT_S)
     assert len(reports) == 1
@@ -84,7 +82,7 @@ def _name(prefix: str) -> str:
 
 
 def test_writer_writes_reader_reads_and_not_the_reverse(server: LiveServer) -> None:
-    topic = _name("data.")
+    topic = _name("data-")
     assert _produce(server, "writer", topic) is None  # create + write allowed
     error = _produce(server, "reader", topic)
     assert error is not None and error.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -96,7 +94,7 @@ def test_writer_writes_reader_reads_and_not_the_reverse(server: LiveServer) -> N
 
 
 def test_reading_a_topic_outside_the_rules(server: LiveServer) -> None:
-    topic = _name("secret.")
+    topic = _name("secret-")
     assert _produce(server, "guest", topic) is None  # no rules: the whole namespace
     assert _consume_error(server, "reader", topic, _name("g-")) == (
         KafkaError.TOPIC_AUTHORIZATION_FAILED
@@ -126,12 +124,12 @@ def _wait_for(predicate: Any, what: str) -> None:
 
 
 def test_acls_created_described_and_deleted_through_the_admin_client(server: LiveServer) -> None:
-    topic = _name("locked.")
+    topic = _name("locked-")
     assert _produce(server, "guest", topic) is None
     admin = AdminClient(_sasl(server, "ops"))
     binding = AclBinding(
         ResourceType.TOPIC,
-        "locked.",
+        "locked-",
         ResourcePatternType.PREFIXED,
         "User:guest",
         "*",
@@ -155,7 +153,7 @@ def test_acls_created_described_and_deleted_through_the_admin_client(server: Liv
     described = admin.describe_acls(everything).result(_TIMEOUT_S)
     assert binding in described
     # The configuration's rules are there too (read-only).
-    assert any(b.principal == "User:reader" and b.name == "data." for b in described)
+    assert any(b.principal == "User:reader" and b.name == "data-" for b in described)
 
     guest_only = AclBindingFilter(
         ResourceType.TOPIC,
@@ -166,9 +164,7 @@ def test_acls_created_described_and_deleted_through_the_admin_client(server: Liv
         AclOperation.ANY,
         AclPermissionType.ANY,
     )
-    deleted = [
-        b for f in admin.delete_acls([guest_only]).values() for b in f.result(_TIMEOUT_S)
-    ]
+    deleted = [b for f in admin.delete_acls([guest_only]).values() for b in f.result(_TIMEOUT_S)]
     assert deleted == [binding]
     _wait_for(lambda: _produce(server, "guest", topic) is None, "the deny rule still applies")
 
@@ -191,7 +187,7 @@ def test_acl_apis_need_an_admin(server: LiveServer) -> None:
 
 
 def test_another_namespace_is_invisible(server: LiveServer) -> None:
-    topic = _name("data.")
+    topic = _name("data-")
     group = _name("g-")
     assert _produce(server, "writer", topic) is None
     assert _consume_error(server, "reader", topic, group) is None

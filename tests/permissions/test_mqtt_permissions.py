@@ -29,7 +29,7 @@ def _client(server: LiveServer, user: str, *, v5: bool, **extra: object) -> Paho
 
 
 def _topic() -> str:
-    return f"data.{uuid.uuid4().hex[:8]}"
+    return f"data-{uuid.uuid4().hex[:8]}"
 
 
 def test_v5_reader_subscribes_and_may_not_publish(server: LiveServer) -> None:

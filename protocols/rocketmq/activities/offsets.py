@@ -12,6 +12,7 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, definition_pb2, service_pb2
 
+from polymq.gateway.permissions import Operation
 from polymq.gateway.processor import Caller
 from polymq.protocols.rocketmq import mapping
 from polymq.protocols.rocketmq.activities.receive import duration_ms
@@ -23,8 +24,9 @@ __all__ = ["get_offset", "pull_message", "query_offset", "update_offset"]
 
 
 async def _queue(
-    rt: RocketMQServices, caller: Caller, message_queue: Any
+    rt: RocketMQServices, caller: Caller, message_queue: Any, operation: Operation
 ) -> tuple[TopicInfo, QueueRef]:
+    await rt.processor.authorize(caller, "topic", message_queue.topic.name, operation)
     info = await rt.topic(caller, message_queue.topic.name, create_as=None)
     if not 0 <= message_queue.id < info.config.queue_count:
         raise RpcFailure(Code.BAD_REQUEST, f"topic {info.name!r} has no queue {message_queue.id}")
@@ -34,7 +36,7 @@ async def _queue(
 async def pull_message(rt: RocketMQServices, request: Any, context: Any) -> AsyncIterator[Any]:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
-    info, queue = await _queue(rt, caller, request.message_queue)
+    info, queue = await _queue(rt, caller, request.message_queue, "read")
     selector = rt.filter(request.filter_expression.type, request.filter_expression.expression)
     wait = min(duration_ms(request.long_polling_timeout), rt.options.max_long_polling_ms)
     remaining = context.time_remaining()
@@ -69,7 +71,7 @@ async def pull_message(rt: RocketMQServices, request: Any, context: Any) -> Asyn
 async def update_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
-    _, queue = await _queue(rt, caller, request.message_queue)
+    _, queue = await _queue(rt, caller, request.message_queue, "read")
     if request.offset < 0:
         raise RpcFailure(Code.ILLEGAL_OFFSET, "offset must not be negative")
     await rt.processor.commit_offset(caller, request.group.name, queue, request.offset)
@@ -79,7 +81,7 @@ async def update_offset(rt: RocketMQServices, request: Any, context: Any) -> Any
 async def get_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.group.resource_namespace)
     await rt.check_group(caller, request.group.name)
-    _, queue = await _queue(rt, caller, request.message_queue)
+    _, queue = await _queue(rt, caller, request.message_queue, "describe")
     committed = await rt.processor.fetch_offset(caller, request.group.name, queue)
     if committed is None:
         raise RpcFailure(Code.OFFSET_NOT_FOUND, "the group has committed no offset here")
@@ -88,7 +90,7 @@ async def get_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
 
 async def query_offset(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.message_queue.topic.resource_namespace)
-    _, queue = await _queue(rt, caller, request.message_queue)
+    _, queue = await _queue(rt, caller, request.message_queue, "describe")
     policy = request.query_offset_policy
     if policy == definition_pb2.TIMESTAMP:
         if not request.HasField("timestamp"):

@@ -102,6 +102,7 @@ def _queue(topic: Any, queue_id: int, broker: tuple[str, Any], types: list[int])
 
 async def query_route(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.topic.resource_namespace)
+    await rt.processor.authorize(caller, "topic", request.topic.name, "describe")
     info = await rt.find_topic(caller, request.topic.name)
     if info is None and not rt.auto_create:
         raise RpcFailure(Code.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} does not exist")
@@ -123,6 +124,7 @@ async def query_assignment(rt: RocketMQServices, request: Any, context: Any) -> 
     Apache's proxy assigns pop consumers. The group's consumers of a topic all go to
     one gateway (any would do; one keeps their long polls together)."""
     caller = rt.caller(context, request.topic.resource_namespace)
+    await rt.processor.authorize(caller, "topic", request.topic.name, "describe")
     info = await rt.find_topic(caller, request.topic.name)
     if info is None and not rt.auto_create:
         raise RpcFailure(Code.TOPIC_NOT_FOUND, f"topic {request.topic.name!r} does not exist")

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 
 async def end_transaction(rt: RocketMQServices, request: Any, context: Any) -> Any:
     caller = rt.caller(context, request.topic.resource_namespace)
+    await rt.processor.authorize(caller, "topic", request.topic.name, "write")
     if not request.transaction_id:
         raise RpcFailure(Code.INVALID_TRANSACTION_ID, "transaction id is empty")
     if request.resolution == definition_pb2.COMMIT:
