@@ -44,6 +44,12 @@ _LISTENER_LABELS: Mapping[str, str] = {
     "mqtt_ws": "MQTT over WebSocket",
     "rocketmq": "RocketMQ 5 gRPC",
     "http": "HTTP (MNS-style API, /metrics, admin)",
+    "kafka_tls": "Kafka over TLS (SSL, SASL_SSL; with [tls])",
+    "amqps": "AMQPS (with [tls])",
+    "mqtts": "MQTT over TLS (with [tls])",
+    "mqtt_wss": "MQTT over secure WebSocket (with [tls])",
+    "rocketmq_tls": "RocketMQ 5 gRPC over TLS (with [tls])",
+    "https": "HTTPS (MNS-style API, /metrics, admin; with [tls])",
 }
 
 

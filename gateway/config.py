@@ -52,6 +52,8 @@ __all__ = [
     "NavigationConfig",
     "NodeConfig",
     "PermissionConfig",
+    "QuotaConfig",
+    "QuotasConfig",
     "ReplicationConfig",
     "RocketMQConfig",
     "ServerConfig",
@@ -187,6 +189,24 @@ class PermissionConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaConfig:
+    """An account's limits in one gateway process (docs/quotas.md); ``None``: no
+    limit. Rates are per second, with one second's worth of burst."""
+
+    produce_bytes_per_s: int | None = None
+    consume_bytes_per_s: int | None = None
+    requests_per_s: int | None = None
+    connections: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotasConfig:
+    # For accounts without a quota of their own, and the anonymous principal of open
+    # mode; empty (the default): no limits.
+    default: QuotaConfig = QuotaConfig()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class AccountConfig:
     """One tenant user. ``namespaces`` are those it may use; the first is its default
     unless ``default_namespace`` says otherwise. ``admin`` may use every namespace.
@@ -205,6 +225,8 @@ class AccountConfig:
     namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
     default_namespace: str | None = None
     admin: bool = False
+    # Its own limits instead of [quotas] default (docs/quotas.md).
+    quota: QuotaConfig | None = None
     permissions: tuple[PermissionConfig, ...] = ()
 
 
@@ -338,6 +360,7 @@ class GatewayConfig:
     storage: StorageConfig = field(default_factory=StorageConfig)
     auth: AuthConfig = field(default_factory=AuthConfig)
     limits: LimitsConfig = field(default_factory=LimitsConfig)
+    quotas: QuotasConfig = field(default_factory=QuotasConfig)
     kafka: KafkaConfig = field(default_factory=KafkaConfig)
     amqp: AmqpConfig = field(default_factory=AmqpConfig)
     mqtt: MqttConfig = field(default_factory=MqttConfig)
@@ -475,6 +498,10 @@ def _coerce(value: Any, tp: Any, *, where: str, source: str, text: bool) -> Any:
         if parse and value.strip().lower() in ("", "none", "null"):
             return None
         return _coerce(value, inner, where=where, source=source, text=text)
+    if is_dataclass(tp):  # a table inside an array entry (an account's quota)
+        if parse:
+            raise ConfigError(f"{source}: {where!r} can only be set in the config file")
+        return _build(tp, value, where=where, source=source)
     if origin is tuple:
         (item,) = get_args(tp)[:1]
         if is_dataclass(item):
@@ -587,6 +614,15 @@ def _validate(config: GatewayConfig) -> None:
             raise ConfigError(f"'server.namespaces[{i}]' must not be empty")
 
     _validate_accounts(config.auth)
+    quotas = [("quotas.default", config.quotas.default)]
+    quotas += [
+        (f"auth.accounts[{i}].quota", a.quota)
+        for i, a in enumerate(config.auth.accounts)
+        if a.quota is not None
+    ]
+    for where, quota in quotas:
+        for f in fields(QuotaConfig):
+            positive(f"{where}.{f.name}", getattr(quota, f.name))
     _validate_tls(config.tls)
 
 

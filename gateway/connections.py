@@ -19,9 +19,11 @@ from dataclasses import dataclass, replace
 
 from polymq.gateway.accounts import Principal
 from polymq.gateway.metering import Metering
+from polymq.gateway.quotas import Quotas
 from polymq.storage.clock import Clock
 
 __all__ = [
+    "AccountConnectionLimit",
     "CloseCallback",
     "Connection",
     "ConnectionRegistry",
@@ -49,6 +51,13 @@ def current_connection_id() -> int | None:
 
 class TooManyConnections(Exception):
     code = "too_many_connections"
+
+
+class AccountConnectionLimit(TooManyConnections):
+    """The account already has its quota's ``connections`` open here: the protocol
+    refuses the login with its own error (docs/quotas.md)."""
+
+    code = "account_connection_limit"
 
 
 def peer_host(peer: str) -> str:
@@ -87,8 +96,12 @@ class ConnectionRegistry:
         clock: Clock,
         max_per_protocol: int | None = None,
         max_per_address: int | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self._max = max_connections
+        # Per-account connection limits, checked when a connection says who it is.
+        self._quotas = quotas
+        self._per_account: collections.Counter[str] = collections.Counter()
         self._max_per_protocol = max_per_protocol or max_connections
         self._max_per_address = max_per_address or max_connections
         self._metering = metering
@@ -126,6 +139,8 @@ class ConnectionRegistry:
             raise TooManyConnections(
                 f"connection limit of {self._max_per_address} per address reached for {address}"
             )
+        if principal is not None:
+            self._admit_account(principal, protocol)
         conn = Connection(
             id=next(self._ids),
             protocol=protocol,
@@ -139,9 +154,23 @@ class ConnectionRegistry:
         self._close[conn.id] = close
         self._per_protocol[protocol] += 1
         self._per_address[address] += 1
+        if principal is not None:
+            self._per_account[principal.name] += 1
         if namespace is not None:
             self._metering.connection_opened(namespace, protocol)
         return conn
+
+    def _admit_account(self, principal: Principal, protocol: str) -> None:
+        """Raise :class:`AccountConnectionLimit` if ``principal`` has its quota's
+        connections open already (and count the refusal)."""
+        if self._quotas is None:
+            return
+        limit = self._quotas.connection_limit(principal)
+        if limit is not None and self._per_account[principal.name] >= limit:
+            self._quotas.of(principal).refused(protocol)
+            raise AccountConnectionLimit(
+                f"connection limit of {limit} reached for user {principal.name!r}"
+            )
 
     def established(self, connection_id: int) -> None:
         """The connection finished its protocol's handshake and login: the handshake
@@ -160,13 +189,22 @@ class ConnectionRegistry:
         namespace: str,
         client_id: str | None = None,
     ) -> Connection:
-        """Record who a connection turned out to be, once the protocol knows."""
+        """Record who a connection turned out to be, once the protocol knows; raises
+        :class:`AccountConnectionLimit` (changing nothing) if that account has its
+        quota's connections open already."""
         old = self._open[connection_id]
+        changed = old.principal is None or old.principal.name != principal.name
+        if changed:
+            self._admit_account(principal, old.protocol)
         new = replace(
             old, principal=principal, namespace=namespace, client_id=client_id or old.client_id
         )
         self._open[connection_id] = new
         self._established.add(connection_id)
+        if changed:
+            if old.principal is not None:
+                _decrement(self._per_account, old.principal.name)
+            self._per_account[principal.name] += 1
         if old.namespace != namespace:
             if old.namespace is not None:
                 self._metering.connection_closed(old.namespace, old.protocol)
@@ -182,6 +220,8 @@ class ConnectionRegistry:
             return
         _decrement(self._per_protocol, conn.protocol)
         _decrement(self._per_address, peer_host(conn.peer))
+        if conn.principal is not None:
+            _decrement(self._per_account, conn.principal.name)
         if conn.namespace is not None:
             self._metering.connection_closed(conn.namespace, conn.protocol)
 

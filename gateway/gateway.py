@@ -24,6 +24,7 @@ from polymq.gateway.listeners import (
 )
 from polymq.gateway.metering import Metering
 from polymq.gateway.processor import Processor
+from polymq.gateway.quotas import Quotas
 from polymq.gateway.tls import server_tls
 from polymq.navigation.endpoints import (
     GatewayDirectory,
@@ -68,6 +69,8 @@ class Gateway(Service):
         self.storage = storage
         self.accounts = Accounts(config.auth)
         self.metering = Metering()
+        # Per-account rates and connection limits, per gateway process (docs/quotas.md).
+        self.quotas = Quotas(config.quotas, config.auth, self.clock)
         limits = config.limits
         self.connections = ConnectionRegistry(
             max_connections=limits.max_connections,
@@ -75,6 +78,7 @@ class Gateway(Service):
             max_per_address=limits.max_connections_per_address,
             metering=self.metering,
             clock=self.clock,
+            quotas=self.quotas,
         )
         # Frames being read, all listeners together (gateway.fairness).
         self.frame_budget = FrameBudget(limits.max_buffered_frame_bytes)
@@ -154,6 +158,7 @@ class Gateway(Service):
                 clock=self.clock,
                 directory=self.directory,
                 frame_budget=self.frame_budget,
+                quotas=self.quotas,
                 tls=self.tls if name in TLS_LISTENERS else None,
             )
             built.append(factory(context))

@@ -10,7 +10,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from polymq.gateway.accounts import Accounts
@@ -18,6 +18,7 @@ from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry, TooManyConnections, serving_connection
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.metering import Metering
+from polymq.gateway.quotas import Quotas
 from polymq.gateway.tls import ServerTls
 from polymq.navigation.endpoints import GatewayDirectory
 from polymq.storage.clock import Clock
@@ -80,6 +81,8 @@ class ListenerContext:
     directory: GatewayDirectory
     # Memory for frames being read, shared by every listener (limits.max_buffered_frame_bytes).
     frame_budget: FrameBudget
+    # Per-account rates and connection limits (docs/quotas.md); none by default.
+    quotas: Quotas = field(default_factory=Quotas)
     # The live TLS context ([tls]) for a TLS listener (config.TLS_LISTENERS); None
     # for a plaintext one.
     tls: ServerTls | None = None

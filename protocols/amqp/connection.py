@@ -20,10 +20,11 @@ from pamqp.base import Frame as MethodFrame
 from pamqp.heartbeat import Heartbeat
 
 from polymq.gateway.accounts import AuthError, Principal
-from polymq.gateway.connections import current_connection_id
+from polymq.gateway.connections import AccountConnectionLimit, current_connection_id
 from polymq.gateway.fairness import SLICE, pause
 from polymq.gateway.listeners import ListenerContext, peer_certificate_name
 from polymq.gateway.processor import Caller
+from polymq.gateway.quotas import AccountQuota
 from polymq.protocols.amqp import errors
 from polymq.protocols.amqp._state import CONNECTION_ACCEPTS, ConnectionState
 from polymq.protocols.amqp.channel import Channel
@@ -38,6 +39,7 @@ from polymq.protocols.amqp.codec import (
 from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
 from polymq.protocols.amqp.fields import FieldError, decode_table
 from polymq.protocols.amqp.flow import FlowControl
+from polymq.protocols.amqp.quota import charge_frame, is_publishing
 from polymq.protocols.amqp.vhost import AmqpServices, VirtualHost
 from polymq.storage.errors import StorageError, StorageUnavailable
 from polymq.storage.lifecycle import TaskSet
@@ -132,6 +134,11 @@ class AmqpConnection:
     def caller(self) -> Caller:
         assert self._caller is not None
         return self._caller
+
+    @property
+    def quota(self) -> AccountQuota:
+        """The logged-in account's quota (gateway.quotas)."""
+        return self._context.quotas.of(self.caller.principal)
 
     @property
     def vhost(self) -> VirtualHost:
@@ -455,6 +462,11 @@ class AmqpConnection:
         channel.on_frame(value)
         if not channel.space.is_set():
             await self._wait_for_space(channel)
+        if charge_frame(self.quota, value):  # over the account's rates (docs/quotas.md)
+            if is_publishing(value):
+                await self._blocked("polymq: over the account's publish rate", self.quota.wait())
+            else:
+                await self.quota.wait("requests")
 
     async def _wait_for_space(self, channel: Channel) -> None:
         """Stop reading while a channel's backlog drains. If that takes a while, tell
@@ -628,12 +640,17 @@ class AmqpConnection:
             # first need it.
             log.warning("amqp: vhost '%s' not loaded at connection.open: %s", vhost, e)
         if self._connection_id is not None:
-            self._context.connections.identify(
-                self._connection_id,
-                principal=caller.principal,
-                namespace=namespace,
-                client_id=caller.client_id,
-            )
+            try:
+                self._context.connections.identify(
+                    self._connection_id,
+                    principal=caller.principal,
+                    namespace=namespace,
+                    client_id=caller.client_id,
+                )
+            except AccountConnectionLimit as e:  # RabbitMQ's per-user connection limit
+                raise ConnectionError_(
+                    errors.NOT_ALLOWED, f"connection refused for user: {e}", 10, 40
+                ) from e
         self.send_frame(0, commands.Connection.OpenOk())
 
     async def _send_heartbeats(self) -> None:

@@ -124,6 +124,8 @@ class Consumer:
         channel meanwhile (a global prefetch is shared by its consumers), but a long
         poll on an empty queue holds only one unit of it."""
         channel = self.channel
+        # Over the account's consume rate: deliver nothing more until it is paid off.
+        await channel.conn.quota.wait("consume")
         channel.reserved += credit
         try:
             self._busy = True
@@ -138,6 +140,7 @@ class Consumer:
                 await channel.give_back(self.queue.group, messages)
             elif messages:
                 await channel.deliver(self, messages)
+                channel.conn.quota.consumed("amqp", sum(len(m.message.body) for m in messages))
         finally:
             self._busy = False
             channel.reserved -= credit

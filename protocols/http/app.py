@@ -51,6 +51,7 @@ def build_app(context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> 
         connections=context.connections,
         max_depth=context.config.limits.max_nesting_depth,
         max_items=context.config.limits.max_batch_items,
+        quotas=context.quotas,
     )
     metrics = GatewayMetrics(context)
     app = FastAPI(

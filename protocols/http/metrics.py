@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from polymq.gateway.accounts import Principal
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
+from polymq.protocols.http.quota_metrics import QuotaCollector
 from polymq.protocols.mns.queues import QUEUE_KIND, queue_counts
 from polymq.storage.errors import QueueNotFound, TopicNotFound
 
@@ -106,6 +107,7 @@ class GatewayMetrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self._depths = _Depths()
         self.registry.register(_GatewayCollector(context, self._depths))
+        self.registry.register(QuotaCollector(context.quotas, context.connections))
         self.latency = Histogram(
             "polymq_http_request_duration_seconds",
             "HTTP request latency on the MNS / admin port, by route.",

@@ -24,7 +24,7 @@ from kio.schema.errors import ErrorCode
 from kio.schema.index import api_key_map, schema_name_map
 
 from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
-from polymq.gateway.connections import current_connection_id
+from polymq.gateway.connections import AccountConnectionLimit, current_connection_id
 from polymq.protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
 from polymq.protocols.kafka.codec import (
     BadRequest,
@@ -40,6 +40,7 @@ from polymq.protocols.kafka.codec import (
 from polymq.protocols.kafka.departure import WAITS, PeerWatch
 from polymq.protocols.kafka.handlers import HANDLERS
 from polymq.protocols.kafka.handlers.topics import api_versions_body
+from polymq.protocols.kafka.quota import charge, mute
 from polymq.protocols.kafka.session import KafkaServices, Session, caller_for
 
 __all__ = ["serve_connection"]
@@ -129,7 +130,11 @@ async def serve_connection(
                 # Open mode: a whole first request ends the handshake deadline and
                 # counts the connection in the default namespace.
                 identified = True
-                session.authenticated(principal or ANONYMOUS)
+                try:
+                    session.authenticated(principal or ANONYMOUS)
+                except AccountConnectionLimit as e:  # no SASL to answer with: close
+                    log.info("kafka: closing %s: %s", session.peer, e)
+                    return
             started = time.monotonic()
             api_key = int.from_bytes(prefix[:2], "big", signed=True)
             if api_key in WAITS:
@@ -147,6 +152,7 @@ async def serve_connection(
             await writer.drain()
         if session.closing:
             return
+        await mute(session)
 
 
 def _slow(services: KafkaServices) -> str:
@@ -214,8 +220,14 @@ async def _answer(session: Session, frame: bytes) -> bytes | None:
         session.client_id = request.client_id
     body = await HANDLERS[request.api_key](session, request.body, request.api_version)
     if body is None:
+        charge(session, request.api_key, len(frame), 0)
         return None
-    return _encode(request, body)
+    response = _encode(request, body)
+    owed = charge(session, request.api_key, len(frame), len(response))
+    if owed and "throttle_time" in body:
+        body["throttle_time"] = owed
+        response = _encode(request, body)
+    return response
 
 
 def _encode(request: Request, body: dict[str, object]) -> bytes:

@@ -13,6 +13,7 @@ from polymq.gateway.connections import ConnectionRegistry
 from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller, Processor
+from polymq.gateway.quotas import Quotas
 from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint
 from polymq.protocols.kafka._state import AuthState
 from polymq.protocols.kafka.cluster import ClusterView, DepartedBrokers, cluster_view
@@ -46,6 +47,8 @@ class KafkaServices:
         self.limits: LimitsConfig = context.config.limits
         # Shared with every listener: bytes of request frames being read or handled.
         self.frame_budget: FrameBudget = context.frame_budget
+        # Per-account rates (protocols/kafka/quota.py) and connection limits.
+        self.quotas: Quotas = context.quotas
         # Kafka's connections.max.idle.ms: an idle socket holds a connection slot for
         # at most this long.
         self.idle_timeout_s: float = context.config.kafka.connections_max_idle_ms / 1000
@@ -88,6 +91,7 @@ class Session:
     peer: str = ""  # the client's host, as Kafka shows it ("/127.0.0.1")
     sasl: Any = None  # the mechanism's exchange while HANDSHAKEN
     closing: bool = False  # close once the current response is written
+    throttle_ms: int = 0  # not read for this long after the answer (KIP-219)
     listener: str = "kafka"  # whose endpoints Metadata names (kafka_tls: the TLS ones)
 
     @property

@@ -18,6 +18,7 @@ class MnsError(Exception):
         self.code = code
         self.message = message
         self.status = status
+        self.headers: dict[str, str] = {}  # extra response headers (Retry-After)
 
     @classmethod
     def invalid_argument(cls, message: str) -> MnsError:

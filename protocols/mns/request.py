@@ -16,13 +16,15 @@ from typing import Any
 from fastapi import Request, Response
 from starlette.requests import ClientDisconnect
 
-from polymq.gateway.connections import ConnectionRegistry
+from polymq.gateway.connections import AccountConnectionLimit, ConnectionRegistry
 from polymq.gateway.fairness import slices
 from polymq.gateway.processor import Caller
+from polymq.gateway.quotas import Quotas
 from polymq.protocols.mns import codec
 from polymq.protocols.mns.attributes import parse_int
 from polymq.protocols.mns.auth import RequestAuth
 from polymq.protocols.mns.errors import MnsError
+from polymq.protocols.mns.quota import admit, too_many_requests
 
 __all__ = [
     "API_VERSION",
@@ -93,7 +95,7 @@ def error_response(request: Request, error: MnsError) -> Response:
         body,
         status_code=error.status,
         media_type="application/json" if as_json else "text/xml;charset=utf-8",
-        headers=base_headers(request),
+        headers={**base_headers(request), **error.headers},
     )
 
 
@@ -179,9 +181,11 @@ class RequestReader:
         connections: ConnectionRegistry | None = None,
         max_depth: int = codec.MAX_DEPTH,
         max_items: int = codec.MAX_ITEMS,
+        quotas: Quotas | None = None,
     ) -> None:
         self._auth = auth
         self._connections = connections
+        self._quotas = quotas  # per-account rates (protocols.mns.quota)
         self._max_depth = max_depth
         self._max_items = max_items
         # A batch's messages total at most max_message_bytes (MNS: 64 KB), and escaping
@@ -232,7 +236,12 @@ class RequestReader:
             # A keep-alive connection belongs to whoever signed its requests last.
             known = self._connections.get(connection_id)
             if known is not None and (known.principal, known.namespace) != (principal, namespace):
-                self._connections.identify(connection_id, principal=principal, namespace=namespace)
+                try:
+                    self._connections.identify(
+                        connection_id, principal=principal, namespace=namespace
+                    )
+                except AccountConnectionLimit as e:  # the account's quota
+                    raise too_many_requests(f"Connection refused: {e}.", 1000) from e
         return Caller(
             principal=principal,
             namespace=namespace,
@@ -243,6 +252,8 @@ class RequestReader:
     async def read(self, request: Request) -> MnsCall:
         caller = self._authenticate(request)
         body = await self._read_body(request)
+        if self._quotas is not None:
+            admit(self._quotas.of(caller.principal), request, len(body))
         _check_digest(request.headers.get("content-md5"), body)
         json_body = "json" in request.headers.get("content-type", "")
         try:

@@ -24,12 +24,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.connections import ConnectionRegistry
 from polymq.gateway.processor import Processor
+from polymq.gateway.quotas import Quotas
 from polymq.protocols.mns import codec
 from polymq.protocols.mns.auth import RequestAuth
 from polymq.protocols.mns.errors import MnsError, from_exception
 from polymq.protocols.mns.notify import Notifier
 from polymq.protocols.mns.queue_handlers import QueueHandlers
 from polymq.protocols.mns.queues import QueueService
+from polymq.protocols.mns.quota import charge_answer
 from polymq.protocols.mns.request import PeerGone, RequestReader, error_response
 from polymq.protocols.mns.topic_feed import TopicFeeds
 from polymq.protocols.mns.topic_handlers import TopicHandlers
@@ -97,6 +99,7 @@ class MnsDispatcher:
             return  # its connection is gone: uvicorn closes it
         except Exception as exc:
             response = _error(request, exc)
+        charge_answer(request, response)
         await response(scope, receive, send)
 
 
@@ -124,6 +127,7 @@ class MnsApi:
         connections: ConnectionRegistry | None = None,
         max_depth: int = codec.MAX_DEPTH,
         max_items: int = codec.MAX_ITEMS,
+        quotas: Quotas | None = None,
     ) -> None:
         auth = RequestAuth(accounts, processor.clock, max_date_skew_s=max_date_skew_s)
         reader = RequestReader(
@@ -132,6 +136,7 @@ class MnsApi:
             connections=connections,
             max_depth=max_depth,
             max_items=max_items,
+            quotas=quotas,
         )
         self.queues = QueueService(processor, max_message_bytes=max_message_bytes)
         self.topics = TopicService(processor, notifier, max_message_bytes=max_message_bytes)

@@ -16,9 +16,11 @@ import uuid
 from dataclasses import dataclass
 
 from polymq.gateway.accounts import AuthenticationFailed, AuthError
+from polymq.gateway.connections import AccountConnectionLimit
 from polymq.gateway.fairness import cooperatively
 from polymq.gateway.permissions import Operation
 from polymq.gateway.processor import Caller
+from polymq.gateway.quotas import AccountQuota
 from polymq.protocols.mqtt import codec
 from polymq.protocols.mqtt._state import ConnectionState, accepts
 from polymq.protocols.mqtt.broker import MqttBroker
@@ -29,6 +31,7 @@ from polymq.protocols.mqtt.mapping import (
 )
 from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
 from polymq.protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
+from polymq.protocols.mqtt.quota import charge_packets, receive_maximum
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.topic_filter_index import (
     is_valid_filter,
@@ -113,6 +116,8 @@ class MqttConnection:
         "_keep_alive",
         "_out",
         "_problem_info",
+        "_quota",
+        "_receive_maximum",
         "_services",
         "_session",
         "_transport",
@@ -160,6 +165,8 @@ class MqttConnection:
         self._in_aliases: dict[int, str] = {}
         self._in_alias_chars = 0  # of the topics in _in_aliases
         self._inbound_unacked = 0  # QoS 1/2 PUBLISHes received, not yet acked (v5)
+        self._receive_maximum = self._config.receive_maximum  # announced; smaller under a quota
+        self._quota: AccountQuota | None = None  # the account's, once CONNECT is accepted
         self._out = Outbound(services, transport)
         self._finished: asyncio.Future[None] | None = None  # awaited by a takeover
         self._done = False
@@ -268,6 +275,8 @@ class MqttConnection:
                 for packet in packets:
                     self._admit(packet)
                 await self._handle(packets)
+                if self._quota is not None and charge_packets(self._quota, packets):
+                    await self._quota.wait("produce", "requests")  # slow reads (docs/quotas.md)
                 if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
                     self._out.flush()
                     await self._transport.drain()
@@ -442,13 +451,25 @@ class MqttConnection:
         )
         services.stats.connected += 1
         if self._connection_id is not None:
-            with contextlib.suppress(KeyError):
-                services.connections.identify(
-                    self._connection_id,
-                    principal=principal,
-                    namespace=namespace,
-                    client_id=client_id,
-                )
+            try:
+                with contextlib.suppress(KeyError):
+                    services.connections.identify(
+                        self._connection_id,
+                        principal=principal,
+                        namespace=namespace,
+                        client_id=client_id,
+                    )
+            except AccountConnectionLimit as e:  # v5 0x97 quota exceeded, v3 code 3
+                log.info("mqtt %s: refused: %s", client_id, e)
+                self._out.write(codec.ConnAck(reason=_QUOTA_EXCEEDED if self._v5 else 3))
+                self._out.flush()
+                self._caller = None
+                services.stats.connected -= 1
+                return False
+        self._quota = services.quotas.of(principal)
+        self._receive_maximum = receive_maximum(
+            services.quotas.limits(principal), self._config.receive_maximum
+        )
         if connect.will_topic is not None:
             self._will = _Will(
                 packet=codec.Publish(
@@ -476,7 +497,7 @@ class MqttConnection:
         ack = codec.ConnAck(session_present=present)
         if self._v5:
             ack.properties = {
-                codec.RECEIVE_MAXIMUM: self._config.receive_maximum,
+                codec.RECEIVE_MAXIMUM: self._receive_maximum,
                 codec.MAXIMUM_PACKET_SIZE: self._max_packet_bytes(),
                 codec.TOPIC_ALIAS_MAXIMUM: self._config.topic_alias_maximum,
                 codec.RETAIN_AVAILABLE: 1,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from polymq.gateway.processor import Caller
+from polymq.gateway.quotas import AccountQuota
 from polymq.protocols.mqtt import codec
 from polymq.protocols.mqtt.broker import MqttBroker
 from polymq.protocols.mqtt.mapping import (
@@ -28,6 +29,7 @@ from polymq.protocols.mqtt.mapping import (
     published_qos,
 )
 from polymq.protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
+from polymq.protocols.mqtt.quota import PROTOCOL
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.topic_filter_index import SHARE_PREFIX
 from polymq.protocols.mqtt.transport import Transport
@@ -70,6 +72,8 @@ class Outbound:
         "_out",
         "_pump_task",
         "_pump_wake",
+        "_quota",
+        "_release_task",
         "_services",
         "_session",
         "_to_ack",
@@ -104,10 +108,14 @@ class Outbound:
         self._to_ack: list[str] = []
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_wake: asyncio.Event | None = None
+        # The account's quota: over its consume rate, deliveries wait (docs/quotas.md).
+        self._quota: AccountQuota | None = None
+        self._release_task: asyncio.Task[None] | None = None
 
     def bind(self, session: Session, broker: MqttBroker, caller: Caller) -> None:
         """Start delivering for ``session``; resume its QoS 2 flows (v5 4.4)."""
         self._session, self._broker, self._caller = session, broker, caller
+        self._quota = self._services.quotas.of(caller.principal)
         self.active = True
         for pid in sorted(session.outbound_pubrel):
             self._inflight[pid] = _InFlight(2, None, released=True)
@@ -121,6 +129,8 @@ class Outbound:
         another member of a shared group, gets it again, marked DUP."""
         self.active = False
         self.flush()
+        if self._release_task is not None:
+            self._release_task.cancel()
         task, self._pump_task = self._pump_task, None
         if task is not None:
             # Let the pump finish its storage call rather than cancel it: a pop cut
@@ -193,7 +203,7 @@ class Outbound:
         if receipts:
             await self._ack(self._caller, receipts)
         backlog = self._backlog
-        while backlog and len(self._inflight) < self.window:
+        while backlog and len(self._inflight) < self.window and not self._owes():
             self.deliver(backlog.popleft())
         self.flush()
         self.wake()
@@ -222,6 +232,9 @@ class Outbound:
             return
         message = delivery.message
         if message.expiry_ms is not None and message.expiry_ms <= self._clock.now_ms():
+            return
+        if self._owes():  # over the account's consume rate: wait in the backlog
+            self._hold(delivery)
             return
         if delivery.qos == 0:
             if self.pending_bytes() > QOS0_DROP_BYTES:
@@ -281,11 +294,39 @@ class Outbound:
         if qos:
             self._inflight[packet.packet_id] = _InFlight(qos, receipt)
         self._services.stats.sent += 1
+        if self._quota is not None:
+            self._quota.consumed(PROTOCOL, len(message.body))
         self._out += data
         if not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self.flush)
         return True
+
+    def _owes(self) -> bool:
+        return self._quota is not None and self._quota.wait_ms("consume") > 0
+
+    def _hold(self, delivery: Delivery) -> None:
+        """Keep a delivery until the account's consume debt is paid, in order."""
+        if self._backlog is None:
+            self._backlog = deque()
+        if len(self._backlog) < _BACKLOG_LIMIT:
+            self._backlog.append(delivery)
+        if self._release_task is None:
+            self._release_task = asyncio.get_running_loop().create_task(self._release())
+
+    async def _release(self) -> None:
+        """Deliver what :meth:`_hold` kept, as the consume rate allows."""
+        try:
+            assert self._quota is not None
+            backlog = self._backlog
+            while self.active and backlog:
+                await self._quota.wait("consume")
+                while backlog and len(self._inflight) < self.window and not self._owes():
+                    self.deliver(backlog.popleft())
+                if backlog and len(self._inflight) >= self.window:
+                    return  # the next acks deliver the rest
+        finally:
+            self._release_task = None
 
     def _allocate_pid(self) -> int:
         pid = self._next_pid
@@ -320,6 +361,13 @@ class Outbound:
         processor = self._services.processor
         long_poll = broker.peers is not None
         while self.active:
+            owed = self._quota.wait_ms("consume") if self._quota is not None else 0
+            if owed:  # over the account's consume rate: pop nothing yet
+                wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(owed / 1000):
+                        await wake.wait()  # or stop() ends the pump
+                continue
             room = self.window - len(self._inflight)
             shared = broker.shared_queues(session)
             queues = [q for q, _ in shared]

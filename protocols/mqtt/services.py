@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.config import LimitsConfig, MqttConfig
@@ -17,6 +17,7 @@ from polymq.gateway.fairness import FrameBudget
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.metering import Metering
 from polymq.gateway.processor import Processor
+from polymq.gateway.quotas import Quotas
 from polymq.navigation.endpoints import SingleGateway
 from polymq.protocols.mqtt.broker import MqttBroker
 from polymq.protocols.mqtt.model import Delivery
@@ -94,6 +95,7 @@ class MqttServices:
     stats: Stats
     options: MqttOptions
     version: str = "polymq"
+    quotas: Quotas = field(default_factory=Quotas)  # per-account rates (docs/quotas.md)
     _sys_task: asyncio.Task[None] | None = None
     _listeners: int = 0  # started and not yet stopped
 
@@ -179,6 +181,7 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
             frame_budget=context.frame_budget,
             clock=context.clock,
             brokers=BrokerRegistry(context.processor, _peers(context)),
+            quotas=context.quotas,
             stats=Stats(started_ms=context.clock.now_ms()),
             options=options
             or MqttOptions(

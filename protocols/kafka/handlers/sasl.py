@@ -8,6 +8,7 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
+from polymq.gateway.connections import AccountConnectionLimit
 from polymq.protocols.kafka._state import AuthState
 from polymq.protocols.kafka.sasl import MECHANISMS, start_exchange
 from polymq.protocols.kafka.session import Session
@@ -43,5 +44,13 @@ async def sasl_authenticate(session: Session, request: Any, version: int) -> dic
             "auth_bytes": b"",
         }
     if principal is not None:
-        session.authenticated(principal)
+        try:
+            session.authenticated(principal)
+        except AccountConnectionLimit as e:  # the account's quota (docs/quotas.md)
+            session.closing = True
+            return {
+                "error_code": ErrorCode.sasl_authentication_failed,
+                "error_message": f"Connection refused: {e}",
+                "auth_bytes": b"",
+            }
     return {"error_code": ErrorCode.none, "auth_bytes": reply, "session_lifetime": 0}

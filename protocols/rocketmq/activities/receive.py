@@ -20,7 +20,7 @@ from google.protobuf import timestamp_pb2
 from rocketmq.grpc_protocol import Code, service_pb2
 
 from polymq.gateway.processor import Caller
-from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq import mapping, quota
 from polymq.protocols.rocketmq.filters import MATCH_ALL, Filter
 from polymq.protocols.rocketmq.runtime import RocketMQServices
 from polymq.protocols.rocketmq.status import RpcFailure, ok, status
@@ -126,13 +126,13 @@ async def _pop(
 
 async def receive_message(rt: RocketMQServices, request: Any, context: Any) -> AsyncIterator[Any]:
     caller = rt.caller(context, request.group.resource_namespace)
+    quota.admit(rt.quotas, caller, "consume")
     group = request.group.name
     if not group:
         raise RpcFailure(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
     topic = request.message_queue.topic.name
     if not topic:
         raise RpcFailure(Code.ILLEGAL_TOPIC, "topic is empty")
-    await rt.processor.authorize(caller, "topic", topic, "read")
     invisible_ms = _invisible_ms(rt, request)
     batch = min(max(request.batch_size, 1), rt.options.max_batch_size)
     wait_ms = _long_polling_ms(rt, request, context)
@@ -165,6 +165,7 @@ async def receive_message(rt: RocketMQServices, request: Any, context: Any) -> A
             status=status(Code.MESSAGE_NOT_FOUND, "no new message")
         )
         return
+    quota.consumed(rt.quotas, caller, messages)
     if request.auto_renew and not replayed:
         for stored in messages:
             if stored.receipt is not None:

@@ -16,7 +16,7 @@ from typing import Any
 from rocketmq.grpc_protocol import Code, service_pb2
 
 from polymq.gateway.fairness import cooperatively, slices
-from polymq.protocols.rocketmq import mapping
+from polymq.protocols.rocketmq import mapping, quota
 from polymq.protocols.rocketmq.runtime import RocketMQServices
 from polymq.protocols.rocketmq.status import RpcFailure, ok
 from polymq.storage.model import AppendRequest, Message, MessageType, QueueRef, TopicInfo
@@ -57,7 +57,7 @@ async def send_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
         )
     first = request.messages[0].topic
     caller = rt.caller(context, first.resource_namespace)
-    await rt.processor.authorize(caller, "topic", first.name, "write")
+    quota.admit(rt.quotas, caller, "produce", sum(len(pb.body) for pb in request.messages))
     message_type = mapping.message_type_of(request.messages[0])
     if message_type is MessageType.TRANSACTION and count != 1:
         raise RpcFailure(Code.BAD_REQUEST, "a transaction holds one message")
