@@ -168,6 +168,9 @@ class RocketMQServices:
         config through the admin API) before it consumes: CONSUMER_GROUP_NOT_FOUND."""
         if not group:
             raise RpcFailure(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")
+        # Every group request passes here: the permission model's read on the group
+        # (FORBIDDEN otherwise, docs/permissions.md).
+        await self.processor.authorize(caller, "group", group, "read")
         if self.auto_create or (caller.namespace, group) in self._groups:
             return
         if group not in await self.processor.list_groups(caller):

@@ -133,6 +133,7 @@ async def receive_message(rt: RocketMQServices, request: Any, context: Any) -> A
     topic = request.message_queue.topic.name
     if not topic:
         raise RpcFailure(Code.ILLEGAL_TOPIC, "topic is empty")
+    await rt.processor.authorize(caller, "topic", topic, "read")
     invisible_ms = _invisible_ms(rt, request)
     batch = min(max(request.batch_size, 1), rt.options.max_batch_size)
     wait_ms = _long_polling_ms(rt, request, context)
