@@ -59,6 +59,12 @@ _LISTENING = re.compile(
     r"[Ll]istening (?:for client connections )?on (?:\w+://)?(?P<host>[^\s:/,]+):(?P<port>\d+)"
 )  # ... and nats-server's "Listening for client connections on HOST:PORT"
 _LISTENER = re.compile(r"listener (?P<name>\w+): (?P<host>[^\s:,]+):(?P<port>\d+)")
+# The line a process logs once it serves: polymq's "ready" log record, nats-server's
+# "Server is ready". Anchored to the log record's shape, so that no other line ending
+# in "ready" (a traceback's source line did) passes for it.
+_READY = re.compile(
+    r"(?: INFO [\w.]+: (?:storage node: )?ready(?: \(pid \d+\))?|\[INF\] Server is ready)$"
+)
 _PORT_FLAGS = {"main": "--port", **{n: f"--{n.replace('_', '-')}-port" for n in LISTENER_NAMES}}
 
 
@@ -224,7 +230,7 @@ class _Child:
                 self.addresses["main"] = (match["host"], int(match["port"]))
             elif match := _LISTENER.search(line):
                 self.addresses[match["name"]] = (match["host"], int(match["port"]))
-            if line.endswith(" ready") or " ready (" in line:
+            if _READY.search(line):
                 self.ready.set()
 
     async def wait_exit(self) -> int:

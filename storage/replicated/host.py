@@ -34,6 +34,7 @@ __all__ = ["ShardHost"]
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT_S = 60.0
+_FIRST_TICK_S = 30.0  # as the pool's wait for JetStream to answer at all
 NodeFactory = Callable[[Engine, str, int], StorageNode]  # engine, shard, epoch
 
 
@@ -75,8 +76,25 @@ class ShardHost(Service):
         # Others' shards only after a lease time: nodes starting side by side first
         # announce themselves, so nobody takes a shard only to hand it back at once.
         self._foreign_after = asyncio.get_running_loop().time() + self.pool.config.lease_ms / 1000
-        await self._tick()  # its own shards, before saying it is ready
+        await self._first_tick()  # its own shards, before saying it is ready
         self.tasks.spawn(self._loop(), name="polymq-shard-host")
+
+    async def _first_tick(self) -> None:
+        """The first placement step, retried for a while: the buckets of a pool that
+        has just been created answer "no responders" until JetStream has elected
+        their leaders, and a storage process that exited then was only restarted
+        into the same race (seen when three processes start side by side)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _FIRST_TICK_S
+        while True:
+            try:
+                await self._tick()
+                return
+            except Exception as exc:
+                if loop.time() > deadline:
+                    raise
+                log.info("shard host %s: placement not possible yet: %r", self.name, exc)
+            await asyncio.sleep(0.25)
 
     async def close(self) -> None:
         await super().close()

@@ -3,7 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from polymq.gateway.cluster_status import render
-from polymq.gateway.cluster_tool import layout
+from polymq.gateway.cluster_tool import _READY, layout
 from polymq.storage.routes import NodeStatus, RouteTable
 
 
@@ -101,3 +101,22 @@ def test_status_report_shows_shard_owners_epochs_and_replicas() -> None:
     assert "shards (replicated pool)" not in render(
         RouteTable(version=1, nodes=(NodeStatus(node_id="n", host="h", port=3),)), [], 0
     )
+
+
+def test_only_a_ready_log_record_counts_as_ready() -> None:
+    """A storage process that crashed at start-up printed a traceback whose source line
+    ended in "ready"; taken for its ready line, the bench killed the one process left
+    serving every shard and waited 90 s for a takeover nobody could make."""
+    ready = [
+        "2026-12-05 06:50:55,672 INFO polymq.gateway.roles: storage node: ready",
+        "2026-12-05 06:50:57,936 INFO polymq: ready (pid 20029)",
+        "2026-12-05 06:50:51,253 INFO polymq.gateway.roles: ready",
+        "[18922] 2026/12/05 06:50:42.908853 [INF] Server is ready",
+    ]
+    not_ready = [
+        "    await self._tick()  # its own shards, before saying it is ready",
+        "2026-12-05 06:50:55,672 ERROR polymq: not ready",
+        "2026-12-05 06:50:55,672 INFO polymq.x: waiting until the pool is ready",
+    ]
+    assert all(_READY.search(line) for line in ready)
+    assert not any(_READY.search(line) for line in not_ready)
