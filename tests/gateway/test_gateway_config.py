@@ -46,6 +46,12 @@ def test_defaults() -> None:
         "mqtt_ws": 8083,
         "rocketmq": 8081,
         "http": 8080,
+        "kafka_tls": 9093,
+        "amqps": 5671,
+        "mqtts": 8883,
+        "mqtt_wss": 8084,
+        "rocketmq_tls": 8082,
+        "https": 8443,
     }
 
 
@@ -98,13 +104,20 @@ def test_every_run_flag_reaches_its_key() -> None:
             "--mqtt-ws-port=4",
             "--rocketmq-port=5",
             "--http-port=6",
+            "--kafka-tls-port=7",
+            "--amqps-port=8",
+            "--mqtts-port=9",
+            "--mqtt-wss-port=10",
+            "--rocketmq-tls-port=11",
+            "--https-port=12",
         ),
     )
     assert config.storage.data_dir == Path("/d")
     assert config.storage.durability == "async"
     assert config.server.host == "0.0.0.0"
     assert config.server.log_level == "debug"
-    assert [listener.port for _, listener in config.listeners.items()] == [1, 2, 3, 4, 5, 6]
+    ports = [listener.port for _, listener in config.listeners.items()]
+    assert ports == list(range(1, 13))
 
 
 def test_env_parses_text_values() -> None:
