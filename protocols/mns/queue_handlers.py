@@ -9,6 +9,8 @@ from typing import Any
 from fastapi import Request, Response
 
 from polymq.gateway.fairness import cooperatively
+from polymq.gateway.permissions import Operation
+from polymq.gateway.processor import Caller
 from polymq.protocols.mns.errors import MnsError
 from polymq.protocols.mns.messages import body_md5, render_message
 from polymq.protocols.mns.queues import QueueService, Sent
@@ -23,9 +25,15 @@ class QueueHandlers:
         self._reader = reader
         self._queues = queues
 
+    async def _authorize(self, caller: Caller, queue: str, operation: Operation) -> None:
+        """The permission model's check on ``queue`` (docs/permissions.md): its
+        AccessDenied answers MNS's AccessDenied, 403."""
+        await self._queues.processor.authorize(caller, "topic", queue, operation)
+
     async def put_queue(self, request: Request, queue: str) -> Response:
         """CreateQueue, or SetQueueAttributes with ``?metaoverride=true``."""
         call = await self._reader.read(request)
+        await self._authorize(call.caller, queue, "create")
         return await call.create_or_override(
             self._queues.create,
             self._queues.set_attributes,
@@ -36,6 +44,7 @@ class QueueHandlers:
     async def get_queue(self, request: Request, queue: str) -> Response:
         """GetQueueAttributes."""
         call = await self._reader.read(request)
+        await self._authorize(call.caller, queue, "describe")
         attrs = await self._queues.attributes(call.caller, queue)
         counts = await self._queues.counts(call.caller, queue)
         fields = {
@@ -50,13 +59,19 @@ class QueueHandlers:
     async def delete_queue(self, request: Request, queue: str) -> Response:
         """DeleteQueue."""
         call = await self._reader.read(request)
+        await self._authorize(call.caller, queue, "delete")
         await self._queues.delete(call.caller, queue)
         return call.reply(204)
 
     async def list_queues(self, request: Request) -> Response:
         """ListQueue (``x-mns-prefix``, ``x-mns-marker``, ``x-mns-ret-number``)."""
         call = await self._reader.read(request)
-        names = await self._queues.names(call.caller)
+        processor = self._queues.processor
+        names = [
+            name
+            for name in await self._queues.names(call.caller)
+            if await processor.permitted(call.caller, "topic", name, "describe")
+        ]
         page, marker = call.page(names)
         with_meta = call.option("with-meta") == "true"
         items: list[dict[str, Any]] = []
@@ -72,6 +87,7 @@ class QueueHandlers:
         """SendMessage (a ``<Message>``) or BatchSendMessage (``<Messages>``)."""
         call = await self._reader.read(request)
         documents, batch = message_documents(call.root, call.document)
+        await self._authorize(call.caller, queue, "write")
         sent = await self._queues.send(call.caller, queue, documents)
         if not batch:
             if isinstance(sent[0], MnsError):
@@ -95,6 +111,7 @@ class QueueHandlers:
         PeekMessage / BatchPeekMessage (``peekonly=true``)."""
         call = await self._reader.read(request)
         count = call.int_query("numOfMessages", 1, BATCH_MAX)
+        await self._authorize(call.caller, queue, "read")
         messages: list[StoredMessage]
         peek = call.query.get("peekonly") == "true"
         if peek:
@@ -110,6 +127,7 @@ class QueueHandlers:
     async def delete_messages(self, request: Request, queue: str) -> Response:
         """DeleteMessage (``?ReceiptHandle=``) or BatchDeleteMessage (``<ReceiptHandles>``)."""
         call = await self._reader.read(request)
+        await self._authorize(call.caller, queue, "read")
         receipt = call.query.get("receipthandle")
         if receipt is not None:
             await self._queues.delete_message(call.caller, queue, receipt)
@@ -136,6 +154,7 @@ class QueueHandlers:
     async def put_messages(self, request: Request, queue: str) -> Response:
         """ChangeMessageVisibility (``?ReceiptHandle=&VisibilityTimeout=``)."""
         call = await self._reader.read(request)
+        await self._authorize(call.caller, queue, "read")
         receipt = call.query.get("receipthandle")
         if not receipt:
             raise MnsError("MissingReceiptHandle", "ReceiptHandle is required.")

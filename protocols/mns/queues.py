@@ -128,6 +128,10 @@ class QueueService:
     def _now(self) -> int:
         return self._processor.clock.now_ms()
 
+    @property
+    def processor(self) -> Processor:
+        return self._processor
+
     def _parsed(self, namespace: str, name: str, raw: Any) -> QueueAttributes:
         """Every message call reads its queue's attributes: parse each stored value
         once, and again only when the stored value changed."""
