@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from polymq.storage.api import StorageAPI
-from polymq.storage.errors import StorageUnavailable
+from polymq.storage.errors import ShardAway, StorageUnavailable
 from polymq.storage.routes import NodeStatus, RouteTable
 
 __all__ = ["Connect", "Node", "NodeClient", "RouteCache", "RouteSource"]
@@ -76,10 +76,17 @@ class Node:
 
     def down(self) -> StorageUnavailable:
         where = f"{self.status.host}:{self.status.port}"
+        if self.status.owner:
+            return ShardAway(f"shard {self.node_id} ({where}) is between owners")
         return StorageUnavailable(f"storage node {self.node_id} ({where}) is down")
 
     def unreachable(self, cause: BaseException) -> StorageUnavailable:
+        """The error for a call this node did not answer. A shard of the replicated
+        pool (it reports an owner) is taken over by another process: :class:`ShardAway`,
+        which tells a waiting consumer to wait on."""
         where = f"{self.status.host}:{self.status.port}"
+        if self.status.owner or isinstance(cause, ShardAway):
+            return ShardAway(f"shard {self.node_id} ({where}): {cause}")
         return StorageUnavailable(f"storage node {self.node_id} ({where}): {cause}")
 
     def __repr__(self) -> str:

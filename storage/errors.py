@@ -18,6 +18,8 @@ __all__ = [
     "NamespaceNotFound",
     "OffsetOutOfRange",
     "QueueNotFound",
+    "ShardAway",
+    "ShardMoved",
     "StorageClosed",
     "StorageError",
     "StorageFailed",
@@ -125,7 +127,16 @@ class StorageUnavailable(StorageError, code="storage_unavailable"):
     with their protocol's retryable error."""
 
 
-class ShardMoved(StorageUnavailable, code="shard_moved"):
+class ShardAway(StorageUnavailable, code="shard_away"):
+    """The replicated pool's shard holding the resource is between owners: its process
+    died or is handing it over, and another serves it within the takeover time (a
+    lease time plus a rebuild). Unlike a node that is down, it comes back without
+    anyone restarting anything, so a waiting consumer waits on (as RabbitMQ's quorum
+    queue consumers wait for a new leader) instead of giving up. Whether the request
+    took effect is as :class:`StorageUnavailable` says."""
+
+
+class ShardMoved(ShardAway, code="shard_moved"):
     """This node no longer owns the shard: its lease passed to another node, whose
     appends fenced this one's off the shard's replicated log. The request did not take
     effect; the shard's route changes to the new owner within a takeover."""

@@ -37,6 +37,7 @@ from polymq.protocols.amqp.publishing import REPLY_TO, Publish, Publisher
 from polymq.protocols.amqp.queues import QueueDef
 from polymq.storage.errors import (
     InvalidReceipt,
+    ShardAway,
     StorageError,
 )
 from polymq.storage.model import QueueRef, StoredMessage
@@ -682,8 +683,12 @@ class Channel:
         processor, caller = self.conn.processor, self.conn.caller
         for group, receipts in by_group.items():
             if len(receipts) == 1:
-                with contextlib.suppress(InvalidReceipt):  # purged or deleted meanwhile
+                try:
                     await processor.ack(caller, group, receipts[0])
+                except InvalidReceipt:  # purged or deleted meanwhile
+                    pass
+                except ShardAway as e:  # comes again (redelivered) once its shard is back
+                    log.info("amqp: an ack waits for its redelivery, shard away: %s", e)
             else:
                 await processor.ack_many(caller, group, receipts)
 

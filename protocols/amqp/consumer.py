@@ -14,7 +14,7 @@ from polymq.protocols.amqp import errors
 from polymq.protocols.amqp._state import ChannelState
 from polymq.protocols.amqp.errors import AmqpError, ConnectionError_
 from polymq.protocols.amqp.queues import QueueDef
-from polymq.storage.errors import StorageError, TopicNotFound
+from polymq.storage.errors import ShardAway, StorageError, TopicNotFound
 from polymq.storage.model import StoredMessage
 
 if TYPE_CHECKING:
@@ -34,6 +34,9 @@ POP_BATCH: Final = 250
 UNLIMITED_PREFETCH: Final = 2_000  # bound on unacked deliveries with prefetch 0
 _TOPIC_RETRY_MS: Final = 500  # an x-polymq-topic queue whose topic does not exist yet
 _STOP_WAIT_S: Final = 5.0  # how long a stopping consumer's fetch or delivery may finish
+# Pauses of a consumer whose queue's shard is between owners (doubling, bounded).
+_AWAY_FIRST_S: Final = 0.1
+_AWAY_MAX_S: Final = 1.0
 
 
 @dataclass(slots=True, eq=False)
@@ -100,6 +103,7 @@ class Consumer:
 
     async def _run(self) -> None:
         channel = self.channel
+        away_s = _AWAY_FIRST_S
         try:
             while not self._stopping:
                 credit = self.credit()
@@ -107,7 +111,18 @@ class Consumer:
                     self.wakeup.clear()
                     await self.wakeup.wait()
                     continue
-                await self._take_turn(min(credit, POP_BATCH))
+                try:
+                    await self._take_turn(min(credit, POP_BATCH))
+                except ShardAway as e:
+                    # The replicated pool's shard moves (a takeover, a hand-back): it
+                    # is served again within the takeover time, so the consumer waits
+                    # as a quorum queue's consumer waits for a new leader, instead of
+                    # closing a channel the application may never look at again.
+                    log.info("amqp consumer %s waits for its queue's shard: %s", self.tag, e)
+                    await asyncio.sleep(away_s)
+                    away_s = min(_AWAY_MAX_S, away_s * 2)
+                else:
+                    away_s = _AWAY_FIRST_S
         except asyncio.CancelledError:
             raise
         except AmqpError as e:
