@@ -24,7 +24,7 @@ import hashlib
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, cast, get_args
+from typing import Any, Literal, get_args
 
 __all__ = [
     "EFFECTS",
@@ -70,7 +70,7 @@ def expand_operations(operations: Iterable[str]) -> frozenset[Operation]:
         if op == ALL:
             expanded.update(OPERATIONS)
         elif op in OPERATIONS:
-            expanded.add(cast(Operation, op))
+            expanded.add(op)
         else:
             raise RuleError(f"unknown operation {op!r} (one of {', '.join(OPERATIONS)}, all)")
     if not expanded:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import (
+from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclBindingFilter,
     AclOperation,
@@ -26,6 +26,7 @@ from tests.live_server import LiveServer
 from tests.permissions.accounts import PASSWORD, permission_server
 
 _TIMEOUT_S = 30.0
+_ANY_NAME: Any = None  # a filter's "any" (the stubs say str)
 
 
 @pytest.fixture(scope="module")
@@ -143,10 +144,10 @@ def test_acls_created_described_and_deleted_through_the_admin_client(server: Liv
 
     everything = AclBindingFilter(
         ResourceType.ANY,
-        None,
+        _ANY_NAME,
         ResourcePatternType.ANY,
-        None,
-        None,
+        _ANY_NAME,
+        _ANY_NAME,
         AclOperation.ANY,
         AclPermissionType.ANY,
     )
@@ -157,10 +158,10 @@ def test_acls_created_described_and_deleted_through_the_admin_client(server: Liv
 
     guest_only = AclBindingFilter(
         ResourceType.TOPIC,
-        None,
+        _ANY_NAME,
         ResourcePatternType.ANY,
         "User:guest",
-        None,
+        _ANY_NAME,
         AclOperation.ANY,
         AclPermissionType.ANY,
     )

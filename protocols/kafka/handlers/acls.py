@@ -234,7 +234,7 @@ async def describe_acls(session: Session, request: Any, version: int) -> dict[st
 
 async def create_acls(session: Session, request: Any, version: int) -> dict[str, Any]:
     refused = _refusal(session)
-    results = []
+    results: list[dict[str, Any]] = []
     for creation in request.creations:
         if refused is not None:
             results.append({"error_code": refused, "error_message": None})
