@@ -86,15 +86,17 @@ class QuotaUsage:
     produce_bytes: int = 0
     consume_bytes: int = 0
     requests: int = 0
-    throttled: int = 0  # charges that left the account owing time
-    throttle_ms: int = 0  # the throttle time those charges asked for, in all
+    throttled: int = 0  # times a client was held back (or refused) over a rate
+    throttle_ms: int = 0  # the throttle time asked of it, in all
     refused: int = 0  # connections refused at the account's connection limit
 
 
 class AccountQuota:
     """One account's buckets and counters. Every charge is counted (bytes and
     requests per account are metrics even without limits) and returns the throttle
-    time it leaves the account owing, counted as throttled when non-zero."""
+    time it leaves the account owing. *Throttled* counts what the protocols did about
+    it (a throttle time sent, reads paused, deliveries held, a request refused):
+    :meth:`throttled` and :meth:`hold` record it where the client is held back."""
 
     def __init__(self, name: str, limits: QuotaConfig, clock: Clock) -> None:
         self.name = name
@@ -125,19 +127,19 @@ class AccountQuota:
         if requests:
             c.requests += requests
             owed = max(owed, self._charge("requests", requests))
-        return self._throttled(c, owed)
+        return owed
 
     def consumed(self, protocol: str, nbytes: int) -> int:
         """Bytes handed to a consumer."""
         c = self._get(protocol)
         c.consume_bytes += nbytes
-        return self._throttled(c, self._charge("consume", nbytes))
+        return self._charge("consume", nbytes)
 
     def requested(self, protocol: str, count: int = 1) -> int:
         """Requests (operations) of any kind."""
         c = self._get(protocol)
         c.requests += count
-        return self._throttled(c, self._charge("requests", count))
+        return self._charge("requests", count)
 
     def wait_ms(self, *kinds: Kind) -> int:
         """How long the account still owes on ``kinds`` (all if none given), without
@@ -154,25 +156,31 @@ class AccountQuota:
         while owed := self.wait_ms(*kinds):
             await self._clock.sleep_until(self._clock.now_ms() + owed)
 
+    async def hold(self, protocol: str, *kinds: Kind) -> int:
+        """Hold the caller back (it reads or delivers nothing meanwhile) until the
+        account owes nothing on ``kinds``; counted as throttled if it had to wait.
+        Returns the time owed when called."""
+        owed = self.wait_ms(*kinds)
+        if owed:
+            self.throttled(protocol, owed)
+            await self.wait(*kinds)
+        return owed
+
     def refused(self, protocol: str) -> None:
         """A connection refused at the account's connection limit."""
         self._get(protocol).refused += 1
 
     def throttled(self, protocol: str, owed_ms: int) -> None:
-        """A request refused (HTTP 429, RocketMQ 42900) while the account owed
-        ``owed_ms``: counted as throttled, as a charge that left a debt is."""
-        self._throttled(self._get(protocol), owed_ms)
+        """A client held back for ``owed_ms`` (Kafka's throttle time sent) or refused
+        while the account owed it (HTTP 429, RocketMQ 42900)."""
+        if owed_ms > 0:
+            c = self._get(protocol)
+            c.throttled += 1
+            c.throttle_ms += owed_ms
 
     def _charge(self, kind: Kind, amount: int) -> int:
         bucket = self._buckets[kind]
         return 0 if bucket is None or amount <= 0 else bucket.charge(amount)
-
-    @staticmethod
-    def _throttled(c: _Counters, owed: int) -> int:
-        if owed:
-            c.throttled += 1
-            c.throttle_ms += owed
-        return owed
 
     def snapshot(self) -> list[QuotaUsage]:
         return [

@@ -464,9 +464,10 @@ class AmqpConnection:
             await self._wait_for_space(channel)
         if charge_frame(self.quota, value):  # over the account's rates (docs/quotas.md)
             if is_publishing(value):
-                await self._blocked("polymq: over the account's publish rate", self.quota.wait())
+                held = self.quota.hold("amqp", "produce", "requests")
+                await self._blocked("polymq: over the account's publish rate", held)
             else:
-                await self.quota.wait("requests")
+                await self.quota.hold("amqp", "requests")
 
     async def _wait_for_space(self, channel: Channel) -> None:
         """Stop reading while a channel's backlog drains. If that takes a while, tell

@@ -140,7 +140,7 @@ class Consumer:
         poll on an empty queue holds only one unit of it."""
         channel = self.channel
         # Over the account's consume rate: deliver nothing more until it is paid off.
-        await channel.conn.quota.wait("consume")
+        await channel.conn.quota.hold("amqp", "consume")
         channel.reserved += credit
         try:
             self._busy = True

@@ -39,7 +39,9 @@ def charge(session: Session, api_key: int, request_bytes: int, response_bytes: i
         owed = quota.requested(PROTOCOL)
         if api_key == FETCH:
             owed = max(owed, quota.consumed(PROTOCOL, response_bytes))
-    session.throttle_ms = max(session.throttle_ms, owed)
+    if owed:  # answered with this throttle time, and muted for it
+        quota.throttled(PROTOCOL, owed)
+        session.throttle_ms = max(session.throttle_ms, owed)
     return owed
 
 

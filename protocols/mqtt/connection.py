@@ -276,7 +276,7 @@ class MqttConnection:
                     self._admit(packet)
                 await self._handle(packets)
                 if self._quota is not None and charge_packets(self._quota, packets):
-                    await self._quota.wait("produce", "requests")  # slow reads (docs/quotas.md)
+                    await self._quota.hold("mqtt", "produce", "requests")  # slow reads
                 if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
                     self._out.flush()
                     await self._transport.drain()

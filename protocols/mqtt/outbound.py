@@ -320,7 +320,7 @@ class Outbound:
             assert self._quota is not None
             backlog = self._backlog
             while self.active and backlog:
-                await self._quota.wait("consume")
+                await self._quota.hold(PROTOCOL, "consume")
                 while backlog and len(self._inflight) < self.window and not self._owes():
                     self.deliver(backlog.popleft())
                 if backlog and len(self._inflight) >= self.window:
@@ -362,7 +362,8 @@ class Outbound:
         long_poll = broker.peers is not None
         while self.active:
             owed = self._quota.wait_ms("consume") if self._quota is not None else 0
-            if owed:  # over the account's consume rate: pop nothing yet
+            if owed and self._quota is not None:  # over the consume rate: pop nothing yet
+                self._quota.throttled(PROTOCOL, owed)
                 wake.clear()
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(owed / 1000):

@@ -57,20 +57,26 @@ def test_an_account_quota_counts_and_throttles() -> None:
     assert q.consumed("kafka", 10**9) == 0
     (usage,) = q.snapshot()
     assert (usage.produce_bytes, usage.consume_bytes, usage.requests) == (1500, 10**9, 2)
+    assert (usage.throttled, usage.throttle_ms) == (0, 0)  # until a protocol acts on it
+    q.throttled("kafka", 500)  # e.g. the throttle time sent
+    (usage,) = q.snapshot()
     assert (usage.throttled, usage.throttle_ms) == (1, 500)
 
 
-async def test_wait_returns_once_the_debt_is_paid() -> None:
+async def test_hold_returns_once_the_debt_is_paid_and_counts_it() -> None:
     clock = ManualClock()
     q = quotas(clock).of(ALICE)
+    assert await q.hold("amqp", "produce") == 0  # nothing owed: no wait, not counted
     q.produced("amqp", 1500)
-    waiter = asyncio.create_task(q.wait("produce"))
+    waiter = asyncio.create_task(q.hold("amqp", "produce"))
     await asyncio.sleep(0)
     clock.advance(499)
     await asyncio.sleep(0)
     assert not waiter.done()
     clock.advance(1)
-    await asyncio.wait_for(waiter, 5)
+    assert await asyncio.wait_for(waiter, 5) == 500
+    (usage,) = q.snapshot()
+    assert (usage.throttled, usage.throttle_ms) == (1, 500)
 
 
 def test_accounts_without_a_quota_get_the_default() -> None:
