@@ -39,8 +39,15 @@ MNS_KEY, MNS_SECRET = "mns-ak", "mns-sk"
 LIMITED_KEY, LIMITED_SECRET = "limited-ak", "limited-sk"
 
 
-def _account(user: str, quota: QuotaConfig | None, **keys: str) -> AccountConfig:
-    return AccountConfig(user=user, password=PASSWORD, quota=quota, **keys)
+def _account(
+    user: str,
+    quota: QuotaConfig | None,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+) -> AccountConfig:
+    return AccountConfig(
+        user=user, password=PASSWORD, quota=quota, access_key=access_key, secret_key=secret_key
+    )
 
 
 AUTH = AuthConfig(
@@ -157,7 +164,9 @@ def test_kafka_producer_over_its_quota_gets_throttle_time_and_loses_nothing(
     while len(values) < COUNT and time.monotonic() < deadline:
         msg = consumer.poll(0.5)
         if msg is not None and msg.error() is None:
-            values.append(msg.value())
+            value = msg.value()
+            assert value is not None
+            values.append(value)
     consumer.close()
     assert values == [_payload(i) for i in range(COUNT)]
 
