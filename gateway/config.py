@@ -688,8 +688,8 @@ def _validate_credentials(where: str, account: AccountConfig) -> None:
     logins = (account.password, account.password_hash, account.scram_sha_256, account.scram_sha_512)
     if all(c is None for c in logins) and account.access_key is None:
         raise ConfigError(
-            f"{where!r}: user {account.user!r} has neither a password (hash or SCRAM keys)"
-            " nor an access key"
+            f"{where!r}: user {account.user!r} has neither a password nor an access key"
+            " (give password_hash and/or scram_sha_256/512: `polymq passwd` prints them)"
         )
     checks: tuple[tuple[str, str | None, Callable[[str], object]], ...] = (
         ("password_hash", account.password_hash, check_password_hash),

@@ -79,6 +79,8 @@ def check_password_hash(text: str) -> None:
             "not an argon2id PHC string ($argon2id$v=19$m=…,t=…,p=…$salt$hash);"
             " make one with `polymq passwd`"
         ) from e
+    if parameters.salt_len < 8 or parameters.hash_len < 16:
+        raise CredentialError("the salt or the hash is too short to be an argon2id PHC string")
     if parameters.type is not argon2.Type.ID:
         raise CredentialError(f"argon2{parameters.type.name.lower()} is not accepted: use argon2id")
 
