@@ -11,7 +11,7 @@ import socket
 import ssl
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from polymq.gateway.accounts import Accounts
 from polymq.gateway.config import GatewayConfig
@@ -170,12 +170,12 @@ class TcpListener(ListenerBase):
     protocol has not marked established (``ConnectionRegistry.established`` or
     ``identify``) by then is closed: a socket that never logs in holds no slot for long.
 
-    With ``tls``, each connection is registered at the TCP accept and then does its
-    TLS handshake (``StreamWriter.start_tls``) before the handler sees it: a handshake
-    in progress counts against the connection limits and the one handshake deadline
-    covers TLS and the protocol's login together. A failed handshake (wrong CA, an
-    expired or missing client certificate, plaintext on a TLS port) closes that
-    socket alone, logged as the peer's doing.
+    With ``tls``, the loop does the TLS handshake (at most ``handshake_timeout_s``)
+    before the connection is registered and handed to the handler; the handshake
+    deadline counts from the TCP accept, so it covers TLS and the protocol's login
+    together. A failed handshake (wrong CA, an expired or refused client certificate,
+    plaintext on a TLS port) closes that socket alone and never reaches the registry;
+    asyncio logs it at DEBUG, as the peer's doing.
     """
 
     def __init__(
@@ -211,7 +211,25 @@ class TcpListener(ListenerBase):
         if self._server is not None:
             raise RuntimeError(f"listener {self._name} is already started")
         self._stopping = False
-        self._server = await asyncio.start_server(self._serve, self._host, self._port)
+        loop = asyncio.get_running_loop()
+
+        def accepted() -> asyncio.StreamReaderProtocol:
+            # Called at the TCP accept, before any TLS handshake: the handshake
+            # deadline counts from here.
+            at = loop.time()
+
+            async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await self._serve(reader, writer, accepted_at=at)
+
+            return asyncio.StreamReaderProtocol(asyncio.StreamReader(loop=loop), serve, loop=loop)
+
+        tls: dict[str, Any] = {}
+        if self._tls is not None:
+            # The loop's own TLS (the handler sees a connection only once it is done);
+            # StreamWriter.start_tls after the accept stalls handshakes on uvloop.
+            timeout_s = self._handshake_timeout_s or _TLS_HANDSHAKE_TIMEOUT_S
+            tls = {"ssl": self._tls, "ssl_handshake_timeout": timeout_s}
+        self._server = await loop.create_server(accepted, self._host, self._port, **tls)
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
 
@@ -228,7 +246,9 @@ class TcpListener(ListenerBase):
         await server.wait_closed()
         self._address = None
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, accepted_at: float
+    ) -> None:
         task = asyncio.current_task()
         if self._stopping or task is None:
             writer.close()
@@ -254,15 +274,14 @@ class TcpListener(ListenerBase):
                 except TooManyConnections as e:
                     log.warning("%s: refused %s: %s", self._name, peer, e)
                     return
-                deadline = self._handshake_deadline(conn_id, peer, task)
+                deadline = self._handshake_deadline(conn_id, peer, task, accepted_at)
                 try:
-                    if await self._secure(writer, peer):
-                        with serving_connection(conn_id):
-                            await self._handler(reader, writer)
+                    with serving_connection(conn_id):
+                        await self._handler(reader, writer)
                 finally:
                     if deadline is not None:
                         deadline.cancel()
-            elif await self._secure(writer, peer):
+            else:
                 await self._handler(reader, writer)
         except asyncio.CancelledError:
             pass  # stop() or a kick: the connection just closes
@@ -278,23 +297,11 @@ class TcpListener(ListenerBase):
             finally:
                 self._tasks.discard(task)  # only now: stop() waits for the close too
 
-    async def _secure(self, writer: asyncio.StreamWriter, peer: str) -> bool:
-        """The TLS handshake on a TLS listener (``True`` at once on a plaintext one);
-        ``False`` when the peer failed it, already logged."""
-        if self._tls is None:
-            return True
-        try:
-            # No timeout of its own: the handshake deadline (or stop) cancels it.
-            await writer.start_tls(self._tls, ssl_handshake_timeout=_NO_TLS_TIMEOUT_S)
-        except (ssl.SSLError, ConnectionError, TimeoutError) as e:
-            log.info("%s: TLS handshake with %s failed: %s", self._name, peer, _tls_reason(e))
-            writer.transport.abort()
-            return False
-        return True
-
     def _handshake_deadline(
-        self, conn_id: int, peer: str, task: asyncio.Task[None]
+        self, conn_id: int, peer: str, task: asyncio.Task[None], accepted_at: float
     ) -> asyncio.TimerHandle | None:
+        """Close the connection unless it is established ``handshake_timeout_s`` after
+        its TCP accept (``accepted_at``, loop time): a TLS handshake's time counts."""
         connections, timeout = self._connections, self._handshake_timeout_s
         if connections is None or timeout is None:
             return None
@@ -304,7 +311,7 @@ class TcpListener(ListenerBase):
                 log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout)
                 task.cancel()
 
-        return asyncio.get_running_loop().call_later(timeout, expire)
+        return asyncio.get_running_loop().call_at(accepted_at + timeout, expire)
 
 
 class GatewayTcpListener(TcpListener):
@@ -342,14 +349,8 @@ async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:
         pass
 
 
-# start_tls wants a positive timeout; the listener's handshake deadline is the real one.
-_NO_TLS_TIMEOUT_S = 24 * 3600.0
-
-
-def _tls_reason(error: BaseException) -> str:
-    if isinstance(error, ssl.SSLError):
-        return error.reason or str(error)
-    return f"{type(error).__name__}: {error}"
+# The TLS handshake's bound on a listener without a handshake timeout (asyncio's own).
+_TLS_HANDSHAKE_TIMEOUT_S = 60.0
 
 
 def peer_certificate_name(writer: asyncio.StreamWriter, tls: ServerTls | None) -> str | None:
