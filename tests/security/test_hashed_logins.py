@@ -67,7 +67,13 @@ def _accounts(passwd: dict[str, str]) -> AuthConfig:
         mode="accounts",
         accounts=(
             # Everything `polymq passwd` printed: every mechanism works.
-            AccountConfig(user="full", namespaces=("sec",), **passwd),
+            AccountConfig(
+                user="full",
+                namespaces=("sec",),
+                password_hash=passwd["password_hash"],
+                scram_sha_256=passwd["scram_sha_256"],
+                scram_sha_512=passwd["scram_sha_512"],
+            ),
             # Only an argon2id hash: PLAIN-style logins work, SCRAM cannot.
             AccountConfig(user="hashonly", password_hash=_CHEAP.hash(PASSWORD)),
             # Signed protocols need the secret itself (HMAC): unchanged.
