@@ -25,8 +25,14 @@ from mns.mns_exception import MNSServerException
 from mns.queue import Message as MnsMessage
 from mns.queue import QueueMeta
 from prometheus_client.parser import text_string_to_metric_families
+from rocketmq import ClientConfiguration, Credentials
+from rocketmq import Message as RocketMessage
+from rocketmq import Producer as RocketProducer
+from rocketmq.v5.exception import TooManyRequestsException
 
+from polymq.gateway.accounts import ANONYMOUS
 from polymq.gateway.config import AccountConfig, AuthConfig, QuotaConfig
+from polymq.gateway.processor import Caller
 from tests.live_server import LiveServer, live_server, server_config
 from tests.mns.signed import sign_headers
 from tests.mqtt.helpers import Paho
@@ -37,6 +43,7 @@ RATE = 20_000  # bytes/s: a burst of COUNT x SIZE owes two seconds
 COUNT, SIZE = 30, 2_000
 MNS_KEY, MNS_SECRET = "mns-ak", "mns-sk"
 LIMITED_KEY, LIMITED_SECRET = "limited-ak", "limited-sk"
+ROCKET_KEY, ROCKET_SECRET = "rocket-ak", "rocket-sk"
 
 
 def _account(
@@ -57,6 +64,9 @@ AUTH = AuthConfig(
         _account("apub", QuotaConfig(produce_bytes_per_s=RATE)),
         _account("mpub", QuotaConfig(produce_bytes_per_s=RATE)),
         _account("msub", QuotaConfig(consume_bytes_per_s=RATE)),
+        _account("asub", QuotaConfig(consume_bytes_per_s=RATE)),
+        _account("kcons", QuotaConfig(consume_bytes_per_s=RATE)),
+        _account("rprod", QuotaConfig(produce_bytes_per_s=RATE), ROCKET_KEY, ROCKET_SECRET),
         _account("mns", QuotaConfig(requests_per_s=1), access_key=MNS_KEY, secret_key=MNS_SECRET),
         _account(
             "limited",
@@ -72,10 +82,13 @@ AUTH = AuthConfig(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("quotas")
-    listeners = ("kafka", "amqp", "mqtt", "http")
+    listeners = ("kafka", "amqp", "mqtt", "http", "rocketmq")
     config = dataclasses.replace(server_config(data, listeners), auth=AUTH)
     with live_server(data, listeners, config=config) as s:
         yield s
+
+
+_ADMIN = Caller(principal=ANONYMOUS, namespace="default", protocol="test")
 
 
 def _name() -> str:
@@ -209,6 +222,100 @@ def test_amqp_publisher_over_its_quota_is_blocked_then_unblocked(server: LiveSer
     assert got == [_payload(i) for i in range(COUNT)]
     seen = metrics(server)
     assert seen[("polymq_account_throttled_total", "apub", "amqp")] >= 1
+
+
+def test_kafka_consumer_over_its_quota_gets_throttle_time_and_every_record(
+    server: LiveServer,
+) -> None:
+    topic = _name()
+    producer = confluent_kafka.Producer(_kafka(server, "reader"))
+    for i in range(COUNT):
+        producer.produce(topic, value=_payload(i))
+    assert producer.flush(TIMEOUT) == 0
+    throttles: list[int] = []
+    consumer = confluent_kafka.Consumer(
+        _kafka(
+            server,
+            "kcons",
+            **{
+                "group.id": _name(),
+                "enable.auto.commit": False,
+                "throttle_cb": lambda event: throttles.append(event.throttle_time),
+            },
+        )
+    )
+    consumer.assign([confluent_kafka.TopicPartition(topic, 0, confluent_kafka.OFFSET_BEGINNING)])
+    values: list[bytes] = []
+    deadline = time.monotonic() + TIMEOUT
+    while (len(values) < COUNT or not any(throttles)) and time.monotonic() < deadline:
+        msg = consumer.poll(0.2)
+        if msg is not None and msg.error() is None:
+            value = msg.value()
+            assert value is not None
+            values.append(value)
+    consumer.close()
+    assert values == [_payload(i) for i in range(COUNT)]
+    assert any(t > 0 for t in throttles), throttles
+    seen = metrics(server)
+    assert seen[("polymq_account_throttled_total", "kcons", "kafka")] >= 1
+    assert seen[("polymq_account_consume_bytes_total", "kcons", "kafka")] >= COUNT * SIZE
+
+
+def test_amqp_consumer_over_its_quota_gets_every_message_later(server: LiveServer) -> None:
+    queue = _name()
+    publisher = pika.BlockingConnection(_pika(server, "reader"))
+    channel = publisher.channel()
+    channel.confirm_delivery()
+    channel.queue_declare(queue)
+    for i in range(COUNT):
+        channel.basic_publish("", queue, _payload(i), mandatory=True)
+    publisher.close()
+    consumer = pika.BlockingConnection(_pika(server, "asub"))
+    ch = consumer.channel()
+    ch.basic_qos(prefetch_count=4)  # several turns, each charged what it delivered
+    got: list[bytes] = []
+    for method, _, body in ch.consume(queue, inactivity_timeout=TIMEOUT):
+        assert method is not None and body is not None, f"only {len(got)} of {COUNT} delivered"
+        got.append(body)
+        ch.basic_ack(method.delivery_tag)
+        if len(got) == COUNT:
+            break
+    ch.cancel()
+    consumer.close()
+    assert got == [_payload(i) for i in range(COUNT)]
+    seen = metrics(server)
+    assert seen[("polymq_account_throttled_total", "asub", "amqp")] >= 1
+
+
+def test_rocketmq_producer_over_its_quota_gets_too_many_requests(server: LiveServer) -> None:
+    topic = _name()
+    config = ClientConfiguration(
+        f"127.0.0.1:{server.port('rocketmq')}", Credentials(ROCKET_KEY, ROCKET_SECRET), ""
+    )
+    producer = RocketProducer(config, (topic,))
+    producer.startup()
+    refused: list[TooManyRequestsException] = []
+    try:
+        for i in range(COUNT):
+            message = RocketMessage()
+            message.topic = topic
+            message.body = _payload(i)
+            deadline = time.monotonic() + TIMEOUT
+            while True:  # the Python client gives up on 42900; the application retries
+                try:
+                    producer.send(message)
+                    break
+                except TooManyRequestsException as e:
+                    refused.append(e)
+                    assert time.monotonic() < deadline, "still refused"
+                    time.sleep(0.1)
+    finally:
+        producer.shutdown()
+    assert refused and "42900" in str(refused[0])
+    stored = server.call(lambda: server.gateway.processor.describe_topic(_ADMIN, topic))
+    assert sum(q.latest for q in stored.queues) == COUNT  # every message, once
+    seen = metrics(server)
+    assert seen[("polymq_account_throttled_total", "rprod", "rocketmq")] >= 1
 
 
 def test_mqtt_publisher_over_its_quota_is_read_slowly_and_loses_nothing(
