@@ -63,7 +63,15 @@ class AuthenticationFailed(AuthError):
 
 
 class AccessDenied(AuthError):
+    """Not allowed. ``resource`` is the kind a permission rule refused (``topic``,
+    ``group``, ``transactional_id``; docs/permissions.md), so a protocol with one error
+    per kind (Kafka) picks it; ``None`` for a namespace the principal may not use."""
+
     code = "access_denied"
+
+    def __init__(self, message: str, *, resource: str | None = None) -> None:
+        super().__init__(message)
+        self.resource = resource
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
