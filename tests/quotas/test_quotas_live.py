@@ -14,6 +14,7 @@ import dataclasses
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import confluent_kafka
 import httpx
@@ -468,3 +469,22 @@ def _connections(server: LiveServer, account: str) -> float:
         for (name, who, _), value in metrics(server).items()
         if name == "polymq_account_connections" and who == account
     )
+
+
+# -- open mode ---------------------------------------------------------------------
+
+
+def test_open_mode_default_quota_limits_the_anonymous_principal(
+    tmp_path: Path, server_form: str
+) -> None:
+    """With no accounts everyone is ``anonymous``; ``[quotas.default]`` (set here as a
+    flag or environment variable would set it) then limits them all together."""
+    overrides = {"quotas.default.requests_per_s": "1"}
+    with live_server(tmp_path, ("http",), overrides=overrides) as open_server:
+        base = _http(open_server)
+        answers = [httpx.get(base + "/queues", timeout=30) for _ in range(20)]
+        codes = [a.status_code for a in answers]
+        assert codes[0] == 200 and 429 in codes, codes
+        refused = answers[codes.index(429)]
+        assert "<Code>TooManyRequests</Code>" in refused.text
+        assert int(refused.headers["retry-after"]) >= 1
