@@ -13,6 +13,7 @@ from starlette.types import ASGIApp
 
 from polymq.gateway.accounts import AuthError
 from polymq.gateway.listeners import ListenerContext
+from polymq.protocols.eventbus.routes import EventBusApi
 from polymq.protocols.http.admin import admin_router
 from polymq.protocols.http.metrics import GatewayMetrics, LatencyMiddleware
 from polymq.protocols.mns.errors import MnsError, from_exception
@@ -61,6 +62,14 @@ def build_app(context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> 
     )
     app.include_router(api.router())
     app.include_router(admin_router(context))
+    # The event bus (docs/eventbus.md); its dispatchers live as long as the notifier.
+    bus = EventBusApi(
+        processor=context.processor,
+        accounts=context.accounts,
+        max_date_skew_s=context.config.http.max_date_skew_s,
+    )
+    app.include_router(bus.router())
+    notifier.also_run(bus.dispatchers.run)
 
     @app.get("/healthz", tags=["ops"], summary="Liveness: the gateway answers")
     async def healthz() -> dict[str, str]:
