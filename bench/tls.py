@@ -45,10 +45,14 @@ Row = dict[str, Any]
 
 
 @contextlib.contextmanager
-def tls_polymq(folder: Path) -> Iterator[tuple[dict[str, int], int, Path]]:
-    """polymq with the four listeners on free ports and [tls] from fresh
-    certificates; yields the ports, the server's pid and the CA file."""
-    ca = trustme.CA()
+def tls_polymq(
+    folder: Path, ca: trustme.CA | None = None
+) -> Iterator[tuple[dict[str, int], int, Path]]:
+    """``polymq run`` with the four listeners on free ports and [tls] from a fresh
+    certificate of ``ca`` (a new CA by default) in ``folder`` (``server.pem``,
+    ``server.key``: replace them and send SIGHUP to reload); yields the ports, the
+    server's pid and the CA file."""
+    ca = ca or trustme.CA()
     ca_file = folder / "ca.pem"
     ca.cert_pem.write_to_path(str(ca_file))
     leaf = ca.issue_cert(HOST, "localhost")
