@@ -202,9 +202,7 @@ class Outbound:
         self._to_ack = []
         if receipts:
             await self._ack(self._caller, receipts)
-        backlog = self._backlog
-        while backlog and len(self._inflight) < self.window and not self._owes():
-            self.deliver(backlog.popleft())
+        self._drain_backlog()
         self.flush()
         self.wake()
 
@@ -311,22 +309,28 @@ class Outbound:
             self._backlog = deque()
         if len(self._backlog) < _BACKLOG_LIMIT:
             self._backlog.append(delivery)
-        if self._release_task is None:
+        self._drain_backlog()
+
+    def _drain_backlog(self) -> None:
+        """Deliver the backlog, in order, while the window has room and the account
+        owes nothing; if it owes, :meth:`_release` goes on once it does (else the next
+        acks do)."""
+        backlog = self._backlog
+        while backlog and len(self._inflight) < self.window and not self._owes():
+            self.deliver(backlog.popleft())
+        if backlog and self._owes() and self._release_task is None:
             self._release_task = asyncio.get_running_loop().create_task(self._release())
 
     async def _release(self) -> None:
-        """Deliver what :meth:`_hold` kept, as the consume rate allows."""
+        """Wait out the account's consume debt, then drain the backlog (which starts
+        the next release if draining runs into new debt)."""
+        assert self._quota is not None
         try:
-            assert self._quota is not None
-            backlog = self._backlog
-            while self.active and backlog:
-                await self._quota.hold(PROTOCOL, "consume")
-                while backlog and len(self._inflight) < self.window and not self._owes():
-                    self.deliver(backlog.popleft())
-                if backlog and len(self._inflight) >= self.window:
-                    return  # the next acks deliver the rest
+            await self._quota.hold(PROTOCOL, "consume")
         finally:
             self._release_task = None
+        if self.active:
+            self._drain_backlog()
 
     def _allocate_pid(self) -> int:
         pid = self._next_pid
