@@ -13,13 +13,17 @@ sign requests with HMAC, which needs the secret key itself: it stays in the conf
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import hmac
 import logging
+import os
 import threading
 from dataclasses import dataclass
 from typing import NoReturn
 
 from polymq.gateway.config import AccountConfig, AuthConfig
 from polymq.gateway.credentials import (
+    DEFAULT_SCRAM_ITERATIONS,
     ScramKeys,
     ScramMechanismName,
     StoredCredentials,
@@ -127,6 +131,7 @@ class Accounts:
         # A threading semaphore, taken in the worker thread: bounds memory without
         # tying this object to one event loop.
         self._hashing = threading.BoundedSemaphore(_CONCURRENT_HASHES)
+        self._decoy_key = os.urandom(32)  # salts of SCRAM decoys (scram_decoy)
         self._load(config)
 
     def _load(self, config: AuthConfig) -> None:
@@ -213,6 +218,21 @@ class Accounts:
         which the SCRAM exchange turns into an ordinary authentication failure."""
         credentials = self._credentials.get(username)
         return None if credentials is None else credentials.scram.get(mechanism)
+
+    def scram_decoy(self, username: str, mechanism: ScramMechanismName) -> ScramKeys:
+        """Keys no password derives, for a SCRAM exchange with a user that has none:
+        the exchange runs to the end and fails like a wrong password. The salt is the
+        same on every try for one user name (RFC 5802 §9), as a real account's is, so
+        it does not tell which user names exist."""
+        digest = "sha512" if mechanism == "SCRAM-SHA-512" else "sha256"
+        size = hashlib.new(digest).digest_size
+        return ScramKeys(
+            mechanism=mechanism,
+            iterations=DEFAULT_SCRAM_ITERATIONS,
+            salt=hmac.digest(self._decoy_key, username.encode("utf-8", "replace"), "sha256")[:16],
+            stored_key=os.urandom(size),
+            server_key=os.urandom(size),
+        )
 
     def principal(self, username: str) -> Principal | None:
         """The principal of a user whose proof was checked elsewhere (SCRAM); anyone

@@ -32,6 +32,7 @@ import argon2
 from argon2.exceptions import InvalidHashError, VerificationError
 
 __all__ = [
+    "DEFAULT_SCRAM_ITERATIONS",
     "SCRAM_MECHANISMS",
     "CredentialError",
     "ScramKeys",

@@ -6,17 +6,15 @@ SCRAM's server side needs only the account's stored keys (RFC 5802 §3,
 :meth:`Accounts.scram_keys`), never a password: an account configured with an argon2id
 hash alone has none, and its SCRAM attempt fails like a wrong password. So does an
 unknown user's, at the same step (its exchange runs on throw-away keys), so SCRAM does
-not tell which user names exist either.
+not tell which user names exist either (:meth:`Accounts.scram_decoy`).
 """
 
 from __future__ import annotations
 
-import os
-
 from scramp import ScramException, ScramMechanism
 
 from polymq.gateway.accounts import Accounts, AuthenticationFailed, Principal
-from polymq.gateway.credentials import SCRAM_MECHANISMS, ScramKeys, ScramMechanismName
+from polymq.gateway.credentials import SCRAM_MECHANISMS, ScramMechanismName
 
 __all__ = ["MECHANISMS", "PlainExchange", "SaslExchange", "ScramExchange", "start_exchange"]
 
@@ -41,18 +39,6 @@ class PlainExchange:
         return b"", principal
 
 
-def _throwaway_keys(mechanism: ScramMechanismName) -> ScramKeys:
-    """Keys no password derives: what an exchange for a user without keys runs on."""
-    size = 64 if mechanism == "SCRAM-SHA-512" else 32
-    return ScramKeys(
-        mechanism=mechanism,
-        iterations=4096,
-        salt=os.urandom(16),
-        stored_key=os.urandom(size),
-        server_key=os.urandom(size),
-    )
-
-
 class ScramExchange:
     """Client-first, then client-final; the server's final message proves we hold the
     account's keys too."""
@@ -67,7 +53,7 @@ class ScramExchange:
             self._user = user
             keys = accounts.scram_keys(user, mechanism)
             self._known = keys is not None
-            return (keys or _throwaway_keys(mechanism)).as_scramp()
+            return (keys or accounts.scram_decoy(user, mechanism)).as_scramp()
 
         self._server = ScramMechanism(mechanism).make_server(auth_fn)
         self._round = 0
@@ -83,7 +69,7 @@ class ScramExchange:
         except (ScramException, ValueError):  # UnicodeDecodeError is a ValueError
             await self._accounts.refuse(protocol=_PROTOCOL, user=self._user, peer=self._peer)
         principal = None if self._user is None else self._accounts.principal(self._user)
-        if not self._known or principal is None:  # never: throw-away keys match nothing
+        if not self._known or principal is None:  # never: decoy keys match nothing
             raise AuthenticationFailed("SCRAM authentication failed")
         return final, self._accounts.accepted(principal, self._peer)
 

@@ -137,6 +137,18 @@ async def test_a_hash_logs_in_and_a_wrong_password_does_not() -> None:
     assert accounts.scram_keys("alice", "SCRAM-SHA-256") is None
 
 
+def test_scram_decoys_keep_a_salt_per_user_name() -> None:
+    """An unknown user's SCRAM exchange runs on decoy keys whose salt is as stable as a
+    real account's, so asking twice does not tell unknown names from known ones."""
+    accounts = _accounts(AccountConfig(user="alice", password_hash=HASH))
+    first = accounts.scram_decoy("nobody", "SCRAM-SHA-512")
+    again = accounts.scram_decoy("nobody", "SCRAM-SHA-512")
+    assert first.salt == again.salt and len(first.salt) == 16
+    assert accounts.scram_decoy("somebody", "SCRAM-SHA-512").salt != first.salt
+    assert len(first.stored_key) == len(first.server_key) == 64
+    assert first.stored_key != again.stored_key  # nothing any password derives
+
+
 async def test_scram_keys_alone_verify_plain_passwords_too() -> None:
     accounts = _accounts(AccountConfig(user="s", scram_sha_512=SCRAM_512))
     assert (await accounts.authenticate("s", SECRET, protocol="test")).name == "s"

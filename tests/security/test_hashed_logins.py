@@ -150,9 +150,10 @@ def test_kafka_logs_in_with_stored_keys(server: LiveServer, mechanism: str) -> N
     assert producer.flush(30) == 0
 
 
+@pytest.mark.parametrize("user", ["full", "nobody"])
 @pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"])
-def test_kafka_wrong_password_is_refused(server: LiveServer, mechanism: str) -> None:
-    refusal = _kafka_refusal(_kafka(server, "full", mechanism, WRONG))
+def test_kafka_wrong_password_is_refused(server: LiveServer, mechanism: str, user: str) -> None:
+    refusal = _kafka_refusal(_kafka(server, user, mechanism, WRONG))
     assert refusal.code() == KafkaError._AUTHENTICATION, refusal
     assert "Authentication failed" in refusal.str()
 
