@@ -268,4 +268,13 @@ def parse_binary(headers: Iterable[tuple[str, str]], body: bytes) -> CloudEvent:
         raw["datacontenttype"] = content_type
     attributes = check_attributes(raw)
     # Header values are strings; extensions keep that type (the binding has no other).
-    return _with_data(attributes, body, "") if body else CloudEvent(attributes=attributes)
+    if not body:
+        return CloudEvent(attributes=attributes)
+    if content_type is None and body.lstrip()[:1] in (b"{", b"["):
+        # No Content-Type (SDKs send none for JSON data): JSON if it parses.
+        try:
+            parsed = json.loads(body)
+        except (ValueError, UnicodeDecodeError):
+            return CloudEvent(attributes=attributes, data=body)
+        return CloudEvent(attributes=attributes, data=body, data_json=parsed, has_json=True)
+    return _with_data(attributes, body, "")

@@ -126,6 +126,7 @@ class _BusDispatcher:
         self._index: RuleIndex[Rule] = RuleIndex([])
         self._refs: tuple[QueueRef, ...] = ()
         self._loaded_at = float("-inf")
+        self._loaded_ms = 0  # the storage clock when the rules in use were read
 
     async def run(self) -> None:
         await self._processor.set_group_config(self._caller, self._group, _GROUP)
@@ -145,6 +146,10 @@ class _BusDispatcher:
                     wait_ms=WAIT_MS,
                 )
                 if popped:
+                    if max(m.store_timestamp_ms for m in popped) >= self._loaded_ms:
+                        # Stored after the rules were read: a rule made just before
+                        # the event must see it.
+                        await self._load()
                     await self._handle_all([_Held(m, m.receipt or "") for m in popped])
             except TopicNotFound:
                 self._loaded_at = float("-inf")
@@ -155,10 +160,15 @@ class _BusDispatcher:
                 log.debug("eventbus %s/%s waits: %s", self._namespace, self._bus, e)
                 self._loaded_at = float("-inf")
                 await asyncio.sleep(REFRESH_S)
+            except Exception:  # our bug: what was popped is given back; go on
+                log.exception("eventbus %s/%s: dispatch failed", self._namespace, self._bus)
+                self._loaded_at = float("-inf")
+                await asyncio.sleep(REFRESH_S)
 
     async def _load(self) -> None:
         """The bus's rules (indexed) and the queues to pop, read again every
         :data:`REFRESH_S`: rules changed on any gateway apply within it."""
+        loading_ms = self._processor.clock.now_ms()
         raw = await self._processor.meta_get(self._caller, BUS_KIND, self._bus)
         if raw is None:
             self._refs = ()
@@ -175,6 +185,7 @@ class _BusDispatcher:
             refs.extend(QueueRef(self._namespace, topic, i) for i in range(len(info.queues)))
         self._refs = tuple(refs)
         self._loaded_at = time.monotonic()
+        self._loaded_ms = loading_ms
 
     async def _handle_all(self, held: Sequence[_Held]) -> None:
         renewer = asyncio.create_task(self._renew(held))
