@@ -41,8 +41,8 @@ def allow(resource: str, pattern: str, *operations: str, match: str = "glob") ->
 
 
 # reader: reads data-* (any group); writer: writes and creates data-*, transactional
-# ids tx-ok*; guest: no rules (the whole namespace); ops: admin; outsider: namespace
-# "other" only.
+# ids tx-ok*; viewer: reads data-* but only describes groups; guest: no rules (the
+# whole namespace); ops: admin; outsider: namespace "other" only.
 ACCOUNTS = AuthConfig(
     mode="accounts",
     accounts=(
@@ -53,6 +53,7 @@ ACCOUNTS = AuthConfig(
             allow("topic", "data-*", "write", "create"),
             allow("transactional_id", "tx-ok", "write", match="prefix"),
         ),
+        _account("viewer", SHOP, allow("topic", "data-*", "read"), allow("group", "*", "describe")),
         _account("guest", SHOP),
         _account("ops", SHOP, admin=True),
         _account("outsider", OTHER),

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException, Producer, ShareConsumer
 from confluent_kafka.admin import (  # type: ignore[attr-defined]
     AclBinding,
     AclBindingFilter,
@@ -198,3 +198,25 @@ def test_another_namespace_is_invisible(server: LiveServer) -> None:
     assert group not in {g.group_id for g in groups.valid}
     described = outsider.describe_consumer_groups([group])[group].result(_TIMEOUT_S)
     assert not described.members
+
+
+def test_share_group_needs_group_read(server: LiveServer) -> None:
+    """The viewer finds the coordinator (describe) but may not join (read)."""
+    topic = _name("data-")
+    assert _produce(server, "writer", topic) is None
+    errors: list[int] = []
+    consumer = ShareConsumer({**_sasl(server, "viewer"), "group.id": _name("s-")})
+    consumer.subscribe([topic])
+    try:
+        deadline = time.monotonic() + _TIMEOUT_S
+        while not errors:
+            assert time.monotonic() < deadline, "no error for a share group it may not read"
+            for message in consumer.poll(0.3) or []:
+                error = message.error()
+                if error is not None:
+                    errors.append(int(error.code()))
+    except KafkaException as e:
+        errors.append(int(e.args[0].code()))
+    finally:
+        consumer.close()
+    assert errors[0] == KafkaError.GROUP_AUTHORIZATION_FAILED

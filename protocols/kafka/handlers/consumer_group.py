@@ -17,6 +17,7 @@ from polymq.protocols.kafka.session import Session
 __all__ = [
     "consumer_group_describe",
     "consumer_group_heartbeat",
+    "group_denied",
     "group_described",
     "group_not_described",
 ]
@@ -87,6 +88,9 @@ async def consumer_group_describe(session: Session, request: Any, version: int) 
     groups = session.services.consumer_groups
     described = []
     for group_id in request.group_ids:
+        if not await permitted(session, "group", group_id, "describe"):
+            described.append(group_denied(group_id))
+            continue
         found = groups.describe(session.namespace, group_id)
         if (refused := group_not_described(session, group_id, found)) is not None:
             described.append(refused)
@@ -119,6 +123,12 @@ async def consumer_group_describe(session: Session, request: Any, version: int) 
         ]
         described.append(group_described(group_id, epoch, "range", rows))
     return {"throttle_time": 0, "groups": described}
+
+
+def group_denied(group_id: str) -> dict[str, Any]:
+    """The ConsumerGroupDescribe or ShareGroupDescribe entry of a group the session may
+    not describe (docs/permissions.md)."""
+    return {"error_code": ErrorCode.group_authorization_failed, "group_id": group_id}
 
 
 def group_not_described(session: Session, group_id: str, found: object) -> dict[str, Any] | None:

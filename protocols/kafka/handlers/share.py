@@ -11,9 +11,14 @@ from typing import Any
 from kio.schema.errors import ErrorCode
 
 from polymq.gateway.accounts import AuthError
+from polymq.protocols.kafka.authz import denied, permitted
 from polymq.protocols.kafka.codec import ms
 from polymq.protocols.kafka.errors import error_code
-from polymq.protocols.kafka.handlers.consumer_group import group_described, group_not_described
+from polymq.protocols.kafka.handlers.consumer_group import (
+    group_denied,
+    group_described,
+    group_not_described,
+)
 from polymq.protocols.kafka.handlers.fetch import encode_messages
 from polymq.protocols.kafka.handlers.topics import topic_names, topic_partitions
 from polymq.protocols.kafka.session import Session
@@ -32,6 +37,8 @@ async def share_group_heartbeat(session: Session, request: Any, version: int) ->
     groups = session.services.share_groups
     namespace, group = session.namespace, request.group_id
     member_id = request.member_id or str(uuid.uuid4())
+    if not await permitted(session, "group", group, "read"):
+        return {"error_code": ErrorCode.group_authorization_failed, "member_id": member_id}
     if not session.owns(group):
         return {"error_code": ErrorCode.not_coordinator, "member_id": member_id}
     if request.member_epoch == _LEAVE_EPOCH:
@@ -68,6 +75,9 @@ async def share_group_describe(session: Session, request: Any, version: int) -> 
     subscribe to: every member shares every partition)."""
     described = []
     for group_id in request.group_ids:
+        if not await permitted(session, "group", group_id, "describe"):
+            described.append(group_denied(group_id))
+            continue
         found = session.services.share_groups.describe(session.namespace, group_id)
         if (refused := group_not_described(session, group_id, found)) is not None:
             described.append(refused)
@@ -171,13 +181,22 @@ async def share_fetch(session: Session, request: Any, version: int) -> dict[str,
     # Members are known to the group's coordinator only; clients fetch from each
     # partition's leader, so another gateway serves the member's share session as is
     # (what it acquires is locked in storage, and released when the lock runs out).
+    if not await permitted(session, "group", group, "read"):
+        return {
+            "error_code": ErrorCode.group_authorization_failed,
+            "acquisition_lock_timeout": LOCK_MS,
+        }
     if session.owns(group) and not shares.is_member(namespace, group, member_id):
         return {"error_code": ErrorCode.unknown_member_id, "acquisition_lock_timeout": LOCK_MS}
     results: dict[tuple[Any, int], dict[str, Any]] = {}
-    for tid, name, p in await _partitions(session, request.topics):
+    partitions = await _partitions(session, request.topics)
+    refused = await denied(session, "topic", (n for _, n, _ in partitions if n is not None), "read")
+    for tid, name, p in partitions:
         result = results[(tid, p.partition_index)] = _empty_result(p.partition_index)
         if name is None:
             result["error_code"] = ErrorCode.unknown_topic_id
+        elif name in refused:
+            result["error_code"] = ErrorCode.topic_authorization_failed
         elif p.acknowledgement_batches:
             queue = session.queue(name, p.partition_index)
             result["acknowledge_error_code"] = await _acknowledge(
@@ -196,8 +215,11 @@ async def share_fetch(session: Session, request: Any, version: int) -> dict[str,
             {(t.topic_id, index) for t in request.forgotten_topics_data for index in t.partitions},
         )
         names = await topic_names(session, {tid for tid, _ in covered if tid is not None})
+        refused |= await denied(session, "topic", names.values(), "read")
         queues = {
-            session.queue(names[tid], index): (tid, index) for tid, index in covered if tid in names
+            session.queue(names[tid], index): (tid, index)
+            for tid, index in covered
+            if tid in names and names[tid] not in refused
         }
         if queues:
             await _acquire(session, group, member_id, queues, request, results)
@@ -277,6 +299,8 @@ def _ranges(messages: list[StoredMessage]) -> list[dict[str, Any]]:
 
 async def share_acknowledge(session: Session, request: Any, version: int) -> dict[str, Any]:
     group, member_id = request.group_id or "", request.member_id or ""
+    if not await permitted(session, "group", group, "read"):
+        return {"throttle_time": 0, "error_code": ErrorCode.group_authorization_failed}
     shares = session.services.share_groups
     by_topic: dict[Any, list[dict[str, Any]]] = defaultdict(list)
     for tid, name, p in await _partitions(session, request.topics):
