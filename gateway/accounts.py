@@ -139,6 +139,10 @@ class Accounts:
         self._by_user: dict[str, tuple[AccountConfig, Principal]] = {}
         self._by_access_key: dict[str, AccessKey] = {}
         self._credentials: dict[str, StoredCredentials] = {}
+        # An unknown user is hashed at the cost of the configured hashes (the first).
+        self._typical_hash = next(
+            (a.password_hash for a in config.accounts if a.password_hash is not None), None
+        )
         for account in config.accounts:
             principal = _principal(account)
             self._by_user[account.user] = (account, principal)
@@ -208,7 +212,7 @@ class Accounts:
     def _verify(self, credentials: StoredCredentials | None, password: str | None) -> bool:
         with self._hashing:
             if credentials is None or password is None or not credentials.verifies_passwords:
-                verify_password(dummy_hash(), password or "")
+                verify_password(dummy_hash(self._typical_hash), password or "")
                 return False
             return credentials.verify(password)
 

@@ -95,11 +95,23 @@ def verify_password(password_hash: str, password: str) -> bool:
         return False
 
 
+def dummy_hash(like: str | None = None) -> str:
+    """A hash of a random password with the cost of ``like`` (a configured hash; the
+    default cost without one): what an unknown user's attempt is checked against, so
+    it takes as long as a known user's. Made once per cost."""
+    try:
+        p = argon2.extract_parameters(like) if like is not None else None
+    except (InvalidHashError, ValueError):
+        p = None
+    if p is None:
+        return _dummy_hash(None)
+    return _dummy_hash((p.time_cost, p.memory_cost, p.parallelism, p.hash_len, p.salt_len))
+
+
 @cache
-def dummy_hash() -> str:
-    """A hash of a random password with the default cost: what an unknown user's
-    attempt is checked against, so it takes as long as a known user's."""
-    return hash_password(base64.b64encode(os.urandom(18)).decode())
+def _dummy_hash(cost: tuple[int, int, int, int, int] | None) -> str:
+    hasher = _HASHER if cost is None else argon2.PasswordHasher(*cost)
+    return hasher.hash(base64.b64encode(os.urandom(18)).decode())
 
 
 def _b64decode(text: str, what: str) -> bytes:

@@ -137,6 +137,27 @@ async def test_a_hash_logs_in_and_a_wrong_password_does_not() -> None:
     assert accounts.scram_keys("alice", "SCRAM-SHA-256") is None
 
 
+async def test_an_unknown_user_is_hashed_at_the_configured_cost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Unknown users cost a check of the same cost as a known one, so the answer's
+    timing does not tell user names apart."""
+    import polymq.gateway.accounts as accounts_module
+
+    checked: list[str] = []
+
+    def recording(password_hash: str, password: str) -> bool:
+        checked.append(password_hash)
+        return verify_password(password_hash, password)
+
+    monkeypatch.setattr(accounts_module, "verify_password", recording)
+    accounts = _accounts(AccountConfig(user="alice", password_hash=HASH))
+    with pytest.raises(AuthenticationFailed):
+        await accounts.authenticate("mallory", SECRET, protocol="test")
+    assert len(checked) == 1 and checked[0] != HASH
+    assert argon2.extract_parameters(checked[0]) == argon2.extract_parameters(HASH)
+
+
 def test_scram_decoys_keep_a_salt_per_user_name() -> None:
     """An unknown user's SCRAM exchange runs on decoy keys whose salt is as stable as a
     real account's, so asking twice does not tell unknown names from known ones."""
