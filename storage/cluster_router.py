@@ -36,6 +36,9 @@ T = TypeVar("T")
 
 NodeCall = Callable[[NodeClient], Awaitable[T]]
 
+# How long the client of a node that moved stays open for the calls that picked it up.
+_REPLACED_GRACE_S = 10.0
+
 
 class Router:
     """The route cache of one cluster client, kept fresh, and the lookups its calls
@@ -139,7 +142,7 @@ class Router:
         if table is None:
             return
         for client in self.cache.apply(table, self._clock.now_ms()):
-            self._spawn(client.close())
+            self._spawn(_close_later(client))
 
     async def _refresh_loop(self) -> None:
         failing = False
@@ -290,6 +293,18 @@ class Router:
                     f"topic {topic!r} of namespace {namespace!r} is on storage node "
                     f"{node.node_id}, which is down"
                 )
+
+
+async def _close_later(client: NodeClient) -> None:
+    """Close the client of a node that moved (a shard handed over) once the calls that
+    picked it up just before the move are answered. Closed at once, such a call
+    failed with ``StorageClosed`` (the client's own shutdown, which callers take as
+    theirs: an MQTT session's pump stopped for good on one) instead of the
+    retryable ``StorageUnavailable`` the old address answers with."""
+    try:
+        await asyncio.sleep(_REPLACED_GRACE_S)
+    finally:
+        await client.close()
 
 
 def answers(

@@ -221,8 +221,21 @@ class Outbound:
                 return
             self._pump_wake = asyncio.Event()
             self._pump_task = asyncio.get_running_loop().create_task(self._pump())
+            self._pump_task.add_done_callback(self._pump_ended)
         if self._pump_wake is not None:
             self._pump_wake.set()
+
+    def _pump_ended(self, task: asyncio.Task[None]) -> None:
+        """A pump that failed (our bug, or a storage error nobody expected) is logged
+        and forgotten, so a wake after a pause starts another: before, it ended
+        silently and the session got nothing more until its client reconnected."""
+        if task.cancelled() or task.exception() is None:
+            return
+        log.error("mqtt: the pump of a session failed", exc_info=task.exception())
+        if self._pump_task is task:
+            self._pump_task = None
+            if self.active:  # again after a pause (not in a loop, if it fails again)
+                asyncio.get_running_loop().call_later(_RETRY_S, self.wake)
 
     def deliver(self, delivery: Delivery) -> None:
         """Send a message from memory (clean sessions, QoS 0, retained on subscribe)."""
@@ -423,6 +436,8 @@ class Outbound:
             await self._services.processor.ack_many(caller, POP_GROUP, receipts)
         except StorageUnavailable as e:
             log.warning("mqtt: %d acks not stored (sent again later): %s", len(receipts), e)
+        except StorageError as e:  # e.g. a node's client closed as its shard moved
+            log.warning("mqtt: %d acks not stored (sent again later): %r", len(receipts), e)
 
     def _stale(self, queues: list[QueueRef]) -> Callable[[], bool]:
         """Whether a waiting pop over ``queues`` must be given up: the connection

@@ -28,7 +28,13 @@ from polymq.protocols.mqtt.repairs import Repairs, owed_targets, without_owed
 from polymq.protocols.mqtt.repairs import owing as owing_copies
 from polymq.protocols.mqtt.topic_filter_index import filter_matches, split_shared
 from polymq.protocols.mqtt.topic_tail import from_mqtt
-from polymq.storage.errors import StorageError, StorageUnavailable, TopicNotFound
+from polymq.storage.errors import (
+    StorageClosed,
+    StorageError,
+    StorageFailed,
+    StorageUnavailable,
+    TopicNotFound,
+)
 from polymq.storage.model import AppendRequest, AppendResult, Message, QueueRef, StoredMessage
 
 __all__ = ["Router"]
@@ -392,7 +398,7 @@ class Router:
         when a queue's node is away, owed (repairs.py), the tail held below them."""
         try:  # copies of what was metered when it was stored
             await self.core.processor.append(self.core.caller, requests, metered=False)
-        except StorageUnavailable as e:
+        except (StorageUnavailable, StorageFailed, StorageClosed) as e:  # as Repairs retries
             log.info("mqtt: %d tail copies owed: %s", len(requests), e)
             for record, request in zip(sources, requests, strict=True):
                 entry = request.entry
