@@ -4,7 +4,9 @@ a consumer acking each delivery.
 pika does not reconnect: the loop here does, to the next gateway, and declares the
 queue again (durable, so declaring is idempotent). A message counts as acknowledged
 only when ``basic_publish`` returned on a confirming channel (a nack or an unroutable
-return raises)."""
+return raises). A consumer whose channel the server closed (pika's
+``process_data_events`` does not raise for it) consumes anew, as an application that
+watches its channel would; the error is counted."""
 
 from __future__ import annotations
 
@@ -99,8 +101,13 @@ class AmqpConsumer(Worker):
                 channel.queue_declare(self.queue, durable=True)
                 channel.basic_qos(prefetch_count=_PREFETCH)
                 channel.basic_consume(self.queue, self._on_message)
-                while not stop.is_set():
+                while not stop.is_set() and channel.is_open:
                     connection.process_data_events(time_limit=0.25)
+                if not stop.is_set():  # the server closed the channel: consume anew
+                    self.error(f"channel closed: {getattr(channel, '_closing_reason', '?')}")
+                    self.history.on_reconnect("consumer")
+                    attempt += 1
+                    backoff(stop)
             except (AMQPError, OSError) as e:
                 self.error(e)
                 self.history.on_reconnect("consumer")
