@@ -79,6 +79,9 @@ def from_exception(error: Exception) -> MnsError | None:
     if isinstance(error, AccessDenied | AuthError):
         return MnsError("AccessDenied", str(error), 403)
     if isinstance(error, storage_errors.StorageError):
-        code, status = _STORAGE.get(type(error), ("InternalError", 500))
+        # The nearest mapped class: a subclass (ShardAway, ShardMoved: a shard between
+        # owners) answers as its base (ServiceUnavailable), not InternalError.
+        mapped = (_STORAGE.get(cls) for cls in type(error).__mro__)
+        code, status = next((m for m in mapped if m is not None), ("InternalError", 500))
         return MnsError(code, str(error), status)
     return None
