@@ -79,6 +79,8 @@ def admin_router(context: ListenerContext) -> APIRouter:
         result = []
         for caller in await callers(request, namespace):
             for info in await processor.list_topics(caller, include_internal=internal):
+                if not await processor.permitted(caller, "topic", info.name, "describe"):
+                    continue  # docs/permissions.md: only what the account may describe
                 result.append(
                     {
                         "namespace": caller.namespace,
@@ -107,6 +109,8 @@ def admin_router(context: ListenerContext) -> APIRouter:
         for caller in await callers(request, namespace):
             mns_groups = {group_of(q): q for q in await processor.meta_list(caller, QUEUE_KIND)}
             for group in await processor.list_groups(caller):
+                if not await processor.permitted(caller, "group", group, "describe"):
+                    continue
                 queues: list[dict[str, Any]] = []
                 for ref, committed in (await processor.list_group_offsets(caller, group)).items():
                     try:

@@ -85,6 +85,12 @@ def test_listings_show_only_what_may_be_described(server: LiveServer) -> None:
     # Another namespace: none of them.
     outsider_queues, _ = _mns(server, "outsider").list_queue(prefix="", ret_number=1000)
     assert not {url.rsplit("/", 1)[-1] for url in outsider_queues} & {mine, secret}
+    # The admin API's listing too.
+    admin_topics = httpx.get(
+        f"{_base(server)}/admin/topics", auth=("reader", PASSWORD), timeout=_TIMEOUT_S
+    ).json()["topics"]
+    admin_names = {t["name"] for t in admin_topics}
+    assert mine in admin_names and secret not in admin_names
     outsider_topics, _ = _mns(server, "outsider").list_topic(prefix="", ret_number=1000)
     assert not any(url.endswith("/" + secret_topic) for url in outsider_topics)
 
