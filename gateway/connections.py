@@ -160,6 +160,12 @@ class ConnectionRegistry:
             self._metering.connection_opened(namespace, protocol)
         return conn
 
+    def at_account_limit(self, principal: Principal) -> bool:
+        """Whether ``principal`` has its quota's connections open already (for
+        protocols whose requests may come outside a registered connection)."""
+        limit = self._quotas.connection_limit(principal) if self._quotas is not None else None
+        return limit is not None and self._per_account[principal.name] >= limit
+
     def _admit_account(self, principal: Principal, protocol: str) -> None:
         """Raise :class:`AccountConnectionLimit` if ``principal`` has its quota's
         connections open already (and count the refusal)."""

@@ -65,6 +65,7 @@ class RocketMQServices:
         self.accounts = accounts
         self.config = config
         self.options = options
+        self.connections = connections
         self.sessions = Sessions(connections)
         self.renewer = ReceiptRenewer(
             processor, invisible_ms=options.default_invisible_ms, max_renew_ms=options.max_renew_ms

@@ -447,6 +447,26 @@ def test_the_connection_too_many_is_refused_with_each_protocols_error(
     assert answer.status_code == 429
     assert "<Code>TooManyRequests</Code>" in answer.text
 
+    # RocketMQ: the telemetry stream (its connection) is refused, and so are the
+    # sends of the client without one: TOO_MANY_REQUESTS.
+    rocket = RocketProducer(
+        ClientConfiguration(
+            f"127.0.0.1:{server.port('rocketmq')}",
+            Credentials(LIMITED_KEY, LIMITED_SECRET),
+            "",
+        ),
+        (topic.replace("/", "-"),),
+    )
+    rocket.startup()
+    try:
+        message = RocketMessage()
+        message.topic = _name()
+        message.body = b"refused"
+        with pytest.raises(TooManyRequestsException, match="connection limit"):
+            rocket.send(message)
+    finally:
+        rocket.shutdown()
+
     # The two connections holding the slots carry on.
     channel.basic_publish("", queue, b"still here", mandatory=True)
     assert mqtt_first.publish(topic, b"still here", qos=1) == 0
@@ -458,7 +478,7 @@ def test_the_connection_too_many_is_refused_with_each_protocols_error(
     again.close()
 
     seen = metrics(server)
-    for protocol in ("amqp", "mqtt", "kafka", "http"):
+    for protocol in ("amqp", "mqtt", "kafka", "http", "rocketmq"):
         assert seen[("polymq_account_connections_refused_total", "limited", protocol)] >= 1
 
 

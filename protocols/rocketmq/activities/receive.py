@@ -126,7 +126,7 @@ async def _pop(
 
 async def receive_message(rt: RocketMQServices, request: Any, context: Any) -> AsyncIterator[Any]:
     caller = rt.caller(context, request.group.resource_namespace)
-    quota.admit(rt.quotas, caller, "consume")
+    quota.admit(rt, caller, "consume")
     group = request.group.name
     if not group:
         raise RpcFailure(Code.ILLEGAL_CONSUMER_GROUP, "consumer group is empty")

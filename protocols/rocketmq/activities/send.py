@@ -58,7 +58,7 @@ async def send_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     first = request.messages[0].topic
     caller = rt.caller(context, first.resource_namespace)
     await rt.processor.authorize(caller, "topic", first.name, "write")
-    quota.admit(rt.quotas, caller, "produce", sum(len(pb.body) for pb in request.messages))
+    quota.admit(rt, caller, "produce", sum(len(pb.body) for pb in request.messages))
     message_type = mapping.message_type_of(request.messages[0])
     if message_type is MessageType.TRANSACTION and count != 1:
         raise RpcFailure(Code.BAD_REQUEST, "a transaction holds one message")
