@@ -29,6 +29,7 @@ from polymq.gateway.config import ConfigError, GatewayConfig, engine_config
 from polymq.gateway.gateway import Gateway
 from polymq.gateway.listeners import ListenerFactory
 from polymq.gateway.roles import register_batch_formats
+from polymq.gateway.tls import internal_tls
 from polymq.nameserver.client import NameserverClient
 from polymq.navigation.directory import NavigationDirectory
 from polymq.navigation.endpoints import GatewayDirectory
@@ -101,9 +102,11 @@ def open_storage(url: str, config: GatewayConfig, clock: Clock) -> StorageAPI:
         nameservers = [address for address in parts.netloc.split(",") if address]
         if not nameservers:
             raise ConfigError(f"storage URL {url!r} names no nameserver (polymq://host:port,…)")
+        tls = internal_tls(config.tls)  # [tls] internal: mutual TLS to the pool
+        client_ssl = tls.client if tls is not None else None
         return ClusterStorage(
-            NameserverClient(nameservers),
-            lambda node: RemoteStorage(node.host, node.port),
+            NameserverClient(nameservers, ssl=client_ssl),
+            lambda node: RemoteStorage(node.host, node.port, ssl=client_ssl),
             start_timeout_s=max(0, config.cluster.storage_wait_ms) / 1000,
         )
     if parts.scheme == "nats":
@@ -160,8 +163,10 @@ def build_gateway(
     if peers is None and config.cluster.navigation and url.startswith("polymq:"):
 
         def peers(gateway: Gateway) -> GatewayDirectory:
+            tls = internal_tls(config.tls)
             return NavigationDirectory(
                 config.cluster.navigation,
+                ssl=tls.client if tls is not None else None,
                 gateway_id=gateway.gateway_id,
                 zone=config.cluster.zone,
                 endpoints=gateway.own_endpoints,

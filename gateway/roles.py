@@ -11,9 +11,11 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import ssl
 from pathlib import Path
 
 from polymq.gateway.config import GatewayConfig, engine_config
+from polymq.gateway.tls import internal_tls
 from polymq.nameserver.server import Nameserver
 from polymq.navigation.server import NavigationServer
 from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
@@ -52,6 +54,7 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
         await _serve_shards(config, stop)
         return
     engine = Engine(engine_config(config))
+    tls = internal_tls(config.tls)
     node = StorageNode(
         engine,
         config.node.node_id or None,
@@ -60,6 +63,8 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
         nameservers=config.cluster.nameservers,
         heartbeat_ms=config.cluster.heartbeat_ms,
         advertised_host=config.cluster.advertised_host or None,
+        server_ssl=tls.server if tls is not None else None,
+        client_ssl=tls.client if tls is not None else None,
     )
     await node.start()
     try:
@@ -93,6 +98,8 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
     def shard_config(shard: str) -> EngineConfig:
         return dataclasses.replace(base, data_dir=Path(base.data_dir) / shard)
 
+    tls = internal_tls(config.tls)
+
     def shard_node(engine: Engine, shard: str, epoch: int) -> StorageNode:
         return StorageNode(
             engine,
@@ -104,6 +111,8 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
             advertised_host=config.cluster.advertised_host or None,
             epoch=epoch,
             owner=name,
+            server_ssl=tls.server if tls is not None else None,
+            client_ssl=tls.client if tls is not None else None,
         )
 
     host = ShardHost(
@@ -143,6 +152,7 @@ async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:
         port=config.nameserver.port,
         node_expiry_ms=expiry_ms,
         warmup_ms=min(expiry_ms, 3 * config.cluster.heartbeat_ms),
+        ssl=_server_ssl(config),
     )
     async with nameserver:
         host, port = nameserver.address
@@ -157,10 +167,19 @@ async def serve_navigation(config: GatewayConfig, stop: asyncio.Event) -> None:
     """``polymq navigation``: serve until ``stop`` is set (signals are the caller's)."""
     expiry_ms = config.navigation.gateway_expiry_ms
     async with NavigationServer(
-        host=config.server.host, port=config.navigation.port, gateway_expiry_ms=expiry_ms
+        host=config.server.host,
+        port=config.navigation.port,
+        gateway_expiry_ms=expiry_ms,
+        ssl=_server_ssl(config),
     ) as navigation:
         log.info("navigation: listening on %s, gateway expiry %d ms", navigation.url, expiry_ms)
         log.info("ready")
         await stop.wait()
         log.info("stopping")
     log.info("stopped")
+
+
+def _server_ssl(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The servers' side of ``[tls] internal`` (mutual TLS), if it is on."""
+    tls = internal_tls(config.tls)
+    return tls.server if tls is not None else None

@@ -25,7 +25,15 @@ from polymq.gateway.config import ConfigError, TlsConfig
 if TYPE_CHECKING:
     import grpc
 
-__all__ = ["ServerTls", "TlsMaterial", "client_context", "peer_common_name", "server_tls"]
+__all__ = [
+    "InternalTls",
+    "ServerTls",
+    "TlsMaterial",
+    "client_context",
+    "internal_tls",
+    "peer_common_name",
+    "server_tls",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +171,41 @@ def peer_common_name(peercert: Any) -> str | None:
     return names[-1] if names else None
 
 
+@dataclass(frozen=True, slots=True)
+class InternalTls:
+    """TLS between polymq processes (``[tls] internal``): what the storage nodes,
+    nameservers and navigation serve with (client certificates from ``ca_file``
+    required: mutual TLS) and what every process dials them with."""
+
+    server: ssl.SSLContext
+    client: ssl.SSLContext
+
+
+def internal_tls(config: TlsConfig) -> InternalTls | None:
+    """The contexts for ``[tls] internal``; ``None`` when it is off. Loaded once at
+    start-up (SIGHUP reloads only the protocol listeners' context)."""
+    client = client_context(config)
+    if client is None:
+        return None
+    if config.ca_file is None:
+        raise ConfigError("'tls.internal' needs 'tls.ca_file': the CA the processes trust")
+    server = _new_context(config, ssl.Purpose.CLIENT_AUTH)
+    server.verify_mode = ssl.CERT_REQUIRED
+    _load_into(server, config)
+    return InternalTls(server=server, client=client)
+
+
 def client_context(config: TlsConfig) -> ssl.SSLContext | None:
     """The client side between polymq processes (``tls.internal``): trust ``ca_file``
     (or the system's CAs) and present ``cert_file`` for mutual TLS."""
     if not config.internal:
         return None
     context = _new_context(config, ssl.Purpose.SERVER_AUTH)
-    if config.ca_file is not None:
-        context.load_verify_locations(cafile=str(config.ca_file))
-    if config.cert_file is not None and config.key_file is not None:
-        context.load_cert_chain(config.cert_file, config.key_file)
+    try:
+        if config.ca_file is not None:
+            context.load_verify_locations(cafile=str(config.ca_file))
+        if config.cert_file is not None and config.key_file is not None:
+            context.load_cert_chain(config.cert_file, config.key_file)
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"[tls]: cannot load the certificate, key or CA: {e}") from e
     return context

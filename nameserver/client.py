@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
+from ssl import SSLContext
 from typing import Any
 
 from polymq.storage.errors import StorageUnavailable
@@ -37,12 +38,17 @@ class NameserverClient:
     ``timeout_s`` bounds every call, so a nameserver that accepts but never answers
     counts as down rather than stalling its caller."""
 
-    def __init__(self, addresses: Sequence[str], *, timeout_s: float = 2.0) -> None:
+    def __init__(
+        self, addresses: Sequence[str], *, timeout_s: float = 2.0, ssl: SSLContext | None = None
+    ) -> None:
         if isinstance(addresses, str):  # a lone "host:port" would be split into chars
             addresses = [addresses]
         if not addresses:
             raise ValueError("no nameserver address given")
-        self._clients = [RpcClient(*parse_address(a), connect_timeout=timeout_s) for a in addresses]
+        # ``ssl``: TLS to every nameserver ([tls] internal).
+        self._clients = [
+            RpcClient(*parse_address(a), connect_timeout=timeout_s, ssl=ssl) for a in addresses
+        ]
         self._timeout_s = timeout_s
         self._preferred = 0
         self._unreachable: set[str] = set()  # for logging changes only, not every beat

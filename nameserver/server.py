@@ -9,6 +9,7 @@ other, each told everything by every node (RocketMQ's NameServer).
 from __future__ import annotations
 
 import logging
+from ssl import SSLContext
 
 from polymq.nameserver.registry import Registry
 from polymq.storage.clock import Clock, SystemClock
@@ -82,6 +83,7 @@ class Nameserver(Service):
         node_expiry_ms: int = 10_000,
         warmup_ms: int = 0,
         clock: Clock | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         super().__init__()
         self._clock: Clock = clock or SystemClock()
@@ -91,7 +93,8 @@ class Nameserver(Service):
             warmup_ms=warmup_ms,
         )
         self.service = NameserverService(self.registry, self._clock)
-        self._server = RpcServer(self.service.handlers(), host, port)
+        # ``ssl``: TLS for nodes and gateways ([tls] internal; mutual when it asks).
+        self._server = RpcServer(self.service.handlers(), host, port, ssl=ssl)
         # A node is declared dead at most a quarter of the expiry late.
         self._sweep_ms = max(10, min(1000, node_expiry_ms // 4))
 

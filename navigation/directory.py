@@ -24,6 +24,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
+from ssl import SSLContext
 from typing import Any
 from urllib.parse import quote
 
@@ -57,9 +58,12 @@ class NavigationDirectory(Service):
         load: Callable[[], float] = lambda: 0.0,
         heartbeat_ms: int = 1000,
         probe_peers: bool = True,
+        ssl: SSLContext | None = None,
     ) -> None:
         super().__init__()
         self._url = url.rstrip("/")
+        # An https:// navigation URL's trust (and client certificate): [tls] internal.
+        self._ssl = ssl
         self._id = gateway_id
         self._zone = zone
         self._own = endpoints
@@ -109,7 +113,11 @@ class NavigationDirectory(Service):
         keep doing it in the background. Never fails for navigation being down."""
         if self._http is not None:
             return
-        self._http = httpx.AsyncClient(base_url=self._url, timeout=self._timeout_s)
+        self._http = httpx.AsyncClient(
+            base_url=self._url,
+            timeout=self._timeout_s,
+            verify=self._ssl if self._ssl is not None else True,
+        )
         await self._exchange()
         self.tasks.spawn(self._run(), name="navigation heartbeat")
 

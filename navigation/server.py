@@ -12,6 +12,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Iterator
+from ssl import SSLContext
 
 import uvicorn
 
@@ -44,8 +45,11 @@ class NavigationServer(Service):
         port: int = 0,
         gateway_expiry_ms: int = 10_000,
         clock: Clock | None = None,
+        ssl: SSLContext | None = None,
     ) -> None:
         super().__init__()
+        # HTTPS for the gateways' heartbeats and clients' questions ([tls] internal).
+        self._ssl = ssl
         self.host = host
         self.port = port
         self.registry = GatewayRegistry(gateway_expiry_ms=gateway_expiry_ms)
@@ -63,7 +67,8 @@ class NavigationServer(Service):
     @property
     def url(self) -> str:
         host, port = self.address
-        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+        scheme = "https" if self._ssl is not None else "http"
+        return f"{scheme}://[{host}]:{port}" if ":" in host else f"{scheme}://{host}:{port}"
 
     async def start(self) -> None:
         if self._task is not None:
@@ -87,6 +92,9 @@ class NavigationServer(Service):
             timeout_graceful_shutdown=2,
             server_header=False,
         )
+        if self._ssl is not None:
+            config.load()
+            config.ssl = self._ssl
         server = _EmbeddedServer(config)
         task = self.tasks.spawn(server.serve(sockets=[sock]), name="uvicorn navigation")
         try:

@@ -19,6 +19,7 @@ import logging
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from ssl import SSLContext
 from typing import Any
 
 from polymq.nameserver.client import NameserverClient
@@ -70,6 +71,8 @@ class StorageNode(Service):
         advertised_host: str | None = None,
         epoch: int = 0,
         owner: str = "",
+        server_ssl: SSLContext | None = None,
+        client_ssl: SSLContext | None = None,
     ) -> None:
         super().__init__()
         self.engine = engine
@@ -82,7 +85,10 @@ class StorageNode(Service):
         self.advertised_host = advertised_host or host
         self._homes: set[str] = set()
         self._started_ms = 0
-        self._server = RpcServer(self._handlers(), host, port)
+        # [tls] internal: gateways reach the node over TLS (``server_ssl``, mutual when
+        # it asks), the node reaches the nameservers over TLS (``client_ssl``).
+        self._server = RpcServer(self._handlers(), host, port, ssl=server_ssl)
+        self._client_ssl = client_ssl
         self._changed = asyncio.Event()
         # Changes counted, so a topic's creator can wait until the nameservers heard of
         # it: a gateway asking them right after the creation then finds its route.
@@ -153,7 +159,8 @@ class StorageNode(Service):
             slots = self._slots = [_LatestSlot() for _ in self.nameservers]
             self.tasks.spawn(self._beat_loop(slots), name="polymq-node-heartbeat")
             for address, slot in zip(self.nameservers, slots, strict=True):
-                self.tasks.spawn(_send_loop(NameserverClient([address]), slot))
+                client = NameserverClient([address], ssl=self._client_ssl)
+                self.tasks.spawn(_send_loop(client, slot))
 
     async def close(self) -> None:
         """Stop heartbeating and serving (requests in flight are cancelled, their

@@ -11,6 +11,7 @@ call tries again.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from ssl import SSLContext
 from typing import Any, cast
 
 from polymq.storage import api
@@ -40,8 +41,16 @@ class RemoteStorage:
     """:class:`~storage.api.StorageAPI` over the storage node at ``host:port``, plus
     the node's own calls (:meth:`claim_home`, :meth:`node_info`)."""
 
-    def __init__(self, host: str, port: int, *, connect_timeout: float = 5.0) -> None:
-        self._rpc = RpcClient(host, port, connect_timeout=connect_timeout)
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        connect_timeout: float = 5.0,
+        ssl: SSLContext | None = None,
+    ) -> None:
+        # ``ssl``: TLS to the node (``[tls] internal``), mutual with a client certificate.
+        self._rpc = RpcClient(host, port, connect_timeout=connect_timeout, ssl=ssl)
 
     @property
     def target(self) -> str:

@@ -20,6 +20,7 @@ import inspect
 import logging
 import socket
 from collections.abc import Awaitable, Callable, Coroutine, Generator, Mapping
+from ssl import SSLContext
 from typing import Any, cast
 
 from polymq.storage.errors import (
@@ -174,9 +175,13 @@ class RpcClient:
         *,
         connect_timeout: float = 5.0,
         max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.host = host
         self.port = port
+        # TLS to the server (mutual when the context holds a certificate); the
+        # server's certificate must name ``host``.
+        self._ssl = ssl
         self._connect_timeout = connect_timeout
         self._max_frame_bytes = max_frame_bytes
         self._connection: _ClientConnection | None = None
@@ -242,6 +247,8 @@ class RpcClient:
                     lambda: _ClientConnection(self._max_frame_bytes, self.target),
                     self.host,
                     self.port,
+                    ssl=self._ssl,
+                    server_hostname=self.host if self._ssl is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
             raise StorageUnavailable(f"cannot reach {self.target}: {exc}") from exc
@@ -430,8 +437,12 @@ class RpcServer:
         *,
         max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
         eager_start: bool = True,
+        ssl: SSLContext | None = None,
     ) -> None:
         self.handlers = dict(handlers)
+        # TLS for every connection (a context requiring client certificates makes it
+        # mutual): the handshake is the loop's, before a connection is served.
+        self._ssl = ssl
         self.eager_start = eager_start
         self.host = host
         self.port = port
@@ -443,7 +454,7 @@ class RpcServer:
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(
-            lambda: _ServerConnection(self), self.host, self.port
+            lambda: _ServerConnection(self), self.host, self.port, ssl=self._ssl
         )
 
     @property

@@ -59,7 +59,7 @@ def _round_trip(params: pika.ConnectionParameters) -> bytes | None:
         channel.basic_publish("", queue, b"over amqps")
         for _method, _props, body in channel.consume(queue, inactivity_timeout=TIMEOUT_S):
             channel.cancel()
-            return body
+            return bytes(body)
     return None
 
 
