@@ -48,6 +48,7 @@ class _Missing:
 
 
 MISSING: Final = _Missing()
+_NOTHING: Final = (MISSING,)
 
 Matcher = Callable[[Any], bool]
 ValueKey = tuple[str, Any]
@@ -71,18 +72,30 @@ def value_key(value: Any) -> ValueKey | None:
     return None
 
 
-def values_at(event: Any, path: Sequence[str]) -> Iterator[Any]:
+def values_at(event: Any, path: Sequence[str]) -> Sequence[Any]:
     """The leaf values at ``path``: arrays on the way (of objects) and at the end are
-    looked into element by element; :data:`MISSING` once if nothing is there."""
-    found = False
+    looked into element by element; ``(MISSING,)`` if nothing is there."""
+    node = event
+    for step in path:  # the common case, objects all the way: no generators
+        if not isinstance(node, dict):
+            break
+        if step not in node:
+            return _NOTHING
+        node = node[step]
+    else:
+        return node if isinstance(node, list) else (node,)
+    found: list[Any] = []
     for value in _walk(event, path, 0):
-        found = True
         if isinstance(value, list):
-            yield from value
+            found.extend(value)
         else:
-            yield value
-    if not found:
-        yield MISSING
+            found.append(value)
+    return found if found or _reached(event, path) else _NOTHING
+
+
+def _reached(event: Any, path: Sequence[str]) -> bool:
+    """Whether ``path`` leads anywhere (an empty array there is not a missing field)."""
+    return any(True for _ in _walk(event, path, 0))
 
 
 def _walk(node: Any, path: Sequence[str], i: int) -> Iterator[Any]:
