@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import confluent_kafka
 import httpx
@@ -326,8 +327,17 @@ def test_mqtt_publisher_over_its_quota_is_read_slowly_and_loses_nothing(
     port = server.port("mqtt")
     subscriber = Paho(port, v5=True, username="reader", password=PASSWORD).connect()
     assert subscriber.subscribe(topic, qos=1) == [1]
-    publisher = Paho(port, v5=True, username="mpub", password=PASSWORD).connect()
-    assert publisher.connack == (False, 0)
+    publisher = Paho(port, v5=True, username="mpub", password=PASSWORD)
+    announced: list[int] = []
+    recorded = publisher.client.on_connect
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        announced.append(props.ReceiveMaximum)
+        recorded(client, userdata, flags, reason, props)
+
+    publisher.client.on_connect = on_connect
+    assert publisher.connect().connack == (False, 0)
+    assert announced == [8]  # a small Receive Maximum for a rate-limited account
     mids = [publisher.client.publish(topic, _payload(i), qos=1).mid for i in range(COUNT)]
     publisher.wait(lambda: all(m in publisher.published for m in mids), "every PUBACK", TIMEOUT)
     assert all(publisher.published[m] == 0 for m in mids)
