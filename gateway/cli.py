@@ -233,6 +233,10 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="PBKDF2 iterations of the SCRAM keys [4096, Kafka's default]",
     )
+    admin = commands.add_parser(
+        "admin", help="manage a running server through its admin API (polymq admin --help)"
+    )
+    admin.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     conformance = commands.add_parser(
         "conformance",
         help="run the conformance suite and interop matrix against --target",
@@ -354,6 +358,10 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
         from polymq.conformance.cli import main as conformance
 
         return conformance(argv[1:])
+    if argv[0] == "admin":  # its own parser, its own --help (docs/admin.md)
+        from polymq.gateway.admin_cli import main as admin
+
+        return admin(argv[1:], env)
     args = build_parser().parse_args(argv)
     if args.command == "nats":
         from polymq.storage.replicated.nats_servers import NatsServerSpec, exec_server

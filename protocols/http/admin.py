@@ -17,6 +17,7 @@ from fastapi import APIRouter, HTTPException, Request
 from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
+from polymq.protocols.http.admin_manage import manage_router
 from polymq.protocols.http.admin_permissions import permissions_router
 from polymq.protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
 from polymq.storage.errors import QueueNotFound, TopicNotFound
@@ -217,4 +218,5 @@ def admin_router(context: ListenerContext) -> APIRouter:
         }
 
     router.include_router(permissions_router(context, _principal))
+    router.include_router(manage_router(context, _principal))
     return router
