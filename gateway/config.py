@@ -633,8 +633,8 @@ def _validate_tls(tls: TlsConfig) -> None:
         raise ConfigError(f"'tls.verify' is {tls.verify!r} but no 'tls.ca_file' names the CAs")
     if tls.principal_from != "none" and tls.verify == "none":
         raise ConfigError("'tls.principal_from' needs client certificates: set 'tls.verify'")
-    if tls.internal and tls.cert_file is None:
-        raise ConfigError("'tls.internal' needs 'tls.cert_file' and 'tls.key_file'")
+    if tls.internal and (tls.cert_file is None or tls.ca_file is None):
+        raise ConfigError("'tls.internal' needs 'tls.cert_file', 'tls.key_file' and 'tls.ca_file'")
 
 
 def _validate_accounts(auth: AuthConfig) -> None:
