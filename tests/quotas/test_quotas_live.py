@@ -329,7 +329,7 @@ def test_mqtt_publisher_over_its_quota_is_read_slowly_and_loses_nothing(
     assert subscriber.subscribe(topic, qos=1) == [1]
     publisher = Paho(port, v5=True, username="mpub", password=PASSWORD)
     announced: list[int] = []
-    recorded = publisher.client.on_connect
+    recorded: Any = publisher.client.on_connect
 
     def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         announced.append(props.ReceiveMaximum)
