@@ -195,7 +195,11 @@ def test_other_protocols_messages_are_events_of_a_bus(
         bus,
         "hot",
         {
-            "pattern": {"subject": [{"prefix": "room-"}], "data": {"t": [{"numeric": [">=", 30]}]}},
+            "pattern": {
+                # Kafka's key, AMQP's routing key, MQTT's topic name: the subject.
+                "subject": [{"prefix": "room-"}, {"prefix": f"{source}/room-"}],
+                "data": {"t": [{"numeric": [">=", 30]}]},
+            },
             "targets": [{"id": "t", "type": "topic", "name": out}],
         },
     )
@@ -207,13 +211,34 @@ def test_other_protocols_messages_are_events_of_a_bus(
         producer.flush(timeout=WAIT_S)
     finally:
         producer.close()
-    records = kafka_read(server.port("kafka"), out, 1)
-    headers = dict(records[0].headers)
-    assert records[0].value == b'{"t": 31}' and records[0].key == b"room-1"
-    assert headers["ce_type"] == b"com.polymq.message"
-    assert headers["ce_source"] == f"polymq://default/topics/{source}".encode()
-    assert headers["ce_site"] == b"north"
-    assert len(kafka_read(server.port("kafka"), out, 1, timeout=2.0)) == 1  # no more came
+    amqp = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", server.port("amqp")))
+    try:
+        channel = amqp.channel()
+        channel.exchange_declare(source, "topic")
+        properties = pika.BasicProperties(headers={"site": "south"})
+        channel.basic_publish(source, "room-7", b'{"t": 32}', properties)
+        channel.basic_publish(source, "room-8", b'{"t": 3}')
+    finally:
+        amqp.close()
+    paho = mqtt.Client(CallbackAPIVersion.VERSION2, protocol=mqtt.MQTTv5)
+    paho.connect("127.0.0.1", server.port("mqtt"))
+    paho.loop_start()
+    try:
+        paho.publish(f"{source}/room-9", b'{"t": 33}', qos=1).wait_for_publish(WAIT_S)
+        paho.publish(f"{source}/hall", b'{"t": 50}', qos=1).wait_for_publish(WAIT_S)
+    finally:
+        paho.loop_stop()
+        paho.disconnect()
+    records = kafka_read(server.port("kafka"), out, 3)
+    by_subject = {r.key: r for r in records}
+    assert set(by_subject) == {b"room-1", b"room-7", f"{source}/room-9".encode()}
+    kafka = dict(by_subject[b"room-1"].headers)
+    assert by_subject[b"room-1"].value == b'{"t": 31}'
+    assert kafka["ce_type"] == b"com.polymq.message"
+    assert kafka["ce_source"] == f"polymq://default/topics/{source}".encode()
+    assert kafka["ce_site"] == b"north"
+    assert dict(by_subject[b"room-7"].headers)["ce_site"] == b"south"
+    assert len(kafka_read(server.port("kafka"), out, 3, timeout=2.0)) == 3  # no more came
 
 
 def test_replay_sends_archived_events_through_the_bus_again(
