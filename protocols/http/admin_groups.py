@@ -9,7 +9,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from polymq.protocols.http.admin_scope import AdminScope
+from polymq.protocols.http.admin_scope import AdminScope, body_schema
 from polymq.storage.errors import QueueNotFound, TopicNotFound
 from polymq.storage.model import QueueRef
 
@@ -84,13 +84,13 @@ def groups_router(scope: AdminScope) -> APIRouter:
     @router.post(
         "/groups/{namespace}/{group}/reset-offsets",
         summary="Move a group's committed offsets (kafka-consumer-groups --reset-offsets)",
+        openapi_extra=body_schema(OffsetReset),
     )
-    async def reset_offsets(
-        request: Request, namespace: str, group: str, reset: OffsetReset
-    ) -> dict[str, Any]:
+    async def reset_offsets(request: Request, namespace: str, group: str) -> dict[str, Any]:
         """Stop the group's consumers first, as Kafka asks: a consumer that is running
         commits its own position over the reset."""
         caller = await admin_in(request, namespace)
+        reset = await scope.body(request, OffsetReset)
         info = await described(caller, reset.topic)
         if reset.to == "offset" and reset.offset is None:
             raise HTTPException(400, "'offset' needs an offset")

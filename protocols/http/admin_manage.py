@@ -23,7 +23,13 @@ from polymq.gateway.config import LISTENER_NAMES
 from polymq.gateway.listeners import ListenerContext
 from polymq.protocols.http.admin_groups import groups_router
 from polymq.protocols.http.admin_queues import queues_router
-from polymq.protocols.http.admin_scope import PEEK_MAX, AdminScope, PrincipalOf, peek
+from polymq.protocols.http.admin_scope import (
+    PEEK_MAX,
+    AdminScope,
+    PrincipalOf,
+    body_schema,
+    peek,
+)
 from polymq.storage.errors import InvalidName, TopicAlreadyExists, TopicNotFound
 from polymq.storage.model import (
     AppendRequest,
@@ -85,9 +91,15 @@ def manage_router(context: ListenerContext, principal_of: PrincipalOf) -> APIRou
 
     # -- topics ----------------------------------------------------------------------
 
-    @router.post("/topics/{namespace}", status_code=201, summary="Create a topic")
-    async def create_topic(request: Request, namespace: str, topic: NewTopic) -> dict[str, Any]:
+    @router.post(
+        "/topics/{namespace}",
+        status_code=201,
+        summary="Create a topic",
+        openapi_extra=body_schema(NewTopic),
+    )
+    async def create_topic(request: Request, namespace: str) -> dict[str, Any]:
         caller = await admin_in(request, namespace)
+        topic = await scope.body(request, NewTopic)
         config = TopicConfig(
             queue_count=topic.queue_count,
             message_type=MessageType(topic.message_type),
@@ -163,13 +175,13 @@ def manage_router(context: ListenerContext, principal_of: PrincipalOf) -> APIRou
         "/topics/{namespace}/{topic}/messages",
         status_code=201,
         summary="Publish a test message to one of a topic's queues",
+        openapi_extra=body_schema(PublishedMessage),
     )
-    async def publish(
-        request: Request, namespace: str, topic: str, message: PublishedMessage
-    ) -> dict[str, Any]:
+    async def publish(request: Request, namespace: str, topic: str) -> dict[str, Any]:
         """Stored as a producer's message with no protocol of its own: every protocol's
         consumers of the topic (and of an MNS queue of that name) receive it."""
         caller = await admin_in(request, namespace)
+        message = await scope.body(request, PublishedMessage)
         info = await described(caller, topic)
         if message.queue_id >= len(info.queues):
             raise HTTPException(404, f"topic {topic!r} has no queue {message.queue_id}")

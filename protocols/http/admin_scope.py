@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import base64
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from fastapi import HTTPException, Request
+from pydantic import BaseModel, ValidationError
 
 from polymq.gateway.accounts import Principal
 from polymq.gateway.listeners import ListenerContext
@@ -16,11 +17,22 @@ from polymq.gateway.processor import Caller, Processor
 from polymq.storage.errors import TopicNotFound
 from polymq.storage.model import QueueRef, StoredMessage, TopicInfo
 
-__all__ = ["PROTOCOL", "AdminScope", "PrincipalOf", "peek", "preview"]
+__all__ = ["PROTOCOL", "AdminScope", "PrincipalOf", "body_schema", "peek", "preview"]
 
 PROTOCOL = "http"
 _PREVIEW_BYTES = 256  # a body preview's length: enough to recognise a message
 PEEK_MAX = 100
+_MAX_BODY_BYTES = 1024 * 1024  # a test message of the largest default size, and then some
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+
+def body_schema(model: type[BaseModel]) -> dict[str, Any]:
+    """``openapi_extra`` naming a route's JSON body, for a route that reads its body
+    itself (:meth:`AdminScope.body`) so that /docs still shows it."""
+    schema = model.model_json_schema()
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
 
 PrincipalOf = Callable[[ListenerContext, Request], Awaitable[Principal]]
 
@@ -53,6 +65,24 @@ class AdminScope:
         if namespace not in await self.visible(principal):
             raise HTTPException(404, f"no namespace {namespace!r}")
         return Caller(principal=principal, namespace=namespace, protocol=PROTOCOL)
+
+    async def body(self, request: Request, model: type[ModelT]) -> ModelT:
+        """The request's JSON body as ``model``, read only after :meth:`admin_in` or
+        :meth:`admin` let the caller in (a FastAPI body parameter is read before any
+        check runs, so anyone could make the gateway buffer and parse it), and at
+        most 1 MiB of it."""
+        declared = request.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > _MAX_BODY_BYTES:
+            raise HTTPException(413, f"the body is over {_MAX_BODY_BYTES} bytes")
+        raw = bytearray()
+        async for chunk in request.stream():
+            raw += chunk
+            if len(raw) > _MAX_BODY_BYTES:
+                raise HTTPException(413, f"the body is over {_MAX_BODY_BYTES} bytes")
+        try:
+            return model.model_validate_json(bytes(raw))
+        except ValidationError as e:
+            raise HTTPException(422, e.errors(include_url=False, include_input=False)) from None
 
     async def described(self, caller: Caller, topic: str) -> TopicInfo:
         try:

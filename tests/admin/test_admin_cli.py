@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kafka import KafkaConsumer, KafkaProducer
 from mns.account import Account
@@ -224,6 +225,12 @@ def test_connections_list_and_close(server: LiveServer) -> None:
 def test_only_admins_act_and_secrets_stay_out(server: LiveServer) -> None:
     assert refused(server, "topics", "create", "nope", "-n", NS, user="guest") == 1
     assert refused(server, "queues", "purge", "x", "-n", NS, user="guest") == 1
+    # The body is read after the check: a guest's bad body is refused, not parsed.
+    path = url(server) + f"/admin/topics/{NS}"
+    assert httpx.post(path, content=b"{", auth=("guest", PASSWORD)).status_code == 403
+    assert httpx.post(path, content=b"{", auth=("ops", PASSWORD)).status_code == 422
+    schema = httpx.get(url(server) + "/openapi.json").json()["paths"]["/admin/topics/{namespace}"]
+    assert "queue_count" in json.dumps(schema["post"]["requestBody"])
     accounts = admin(server, "accounts")["accounts"]
     assert {a["user"] for a in accounts} == {"ops", "guest"}
     assert PASSWORD not in json.dumps(accounts) and "guest-sk" not in json.dumps(accounts)
