@@ -76,6 +76,7 @@ def test_refused_handshakes_leave_the_listener_serving(server: LiveServer, certs
         survivor.publish(topic, b"before", qos=1)
         survivor.wait_messages(1, "the round trip before")
         baseline = _connections(server)
+        assert baseline >= 1  # the TLS connection counts in the gateway's registry
 
         # 1. The client does not trust the server's CA: it refuses the handshake.
         wrong_ca = _client(certs, trust=certs.other_ca, chain=None, key=None)
