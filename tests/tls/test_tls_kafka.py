@@ -5,6 +5,7 @@ that came in over TLS."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,8 +16,8 @@ from confluent_kafka.admin import AdminClient
 from kafka import KafkaConsumer, KafkaProducer
 
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
-from tests.live_server import LiveServer
-from tests.tls.conftest import PASSWORD, USER, Certs, tls_server
+from tests.live_server import LiveServer, live_gateways, server_config
+from tests.tls.conftest import ACCOUNTS, PASSWORD, USER, Certs, tls_overrides, tls_server
 
 TIMEOUT_S = 30.0
 
@@ -118,3 +119,24 @@ def test_kafka_python_round_trip(server: LiveServer, certs: Certs, protocol: str
     finally:
         consumer.close()
     assert values == [b"over tls"]
+
+
+def test_two_gateways_metadata_lists_each_tls_port(
+    tmp_path: Path, certs: Certs, server_form: str
+) -> None:
+    """Over two gateways, a TLS client is told both gateways' TLS ports (their
+    plaintext ports to a plaintext client), and produces through whichever leads."""
+    listeners = ("kafka", "kafka_tls")
+    config = dataclasses.replace(
+        server_config(tmp_path, listeners, tls_overrides(certs)), auth=ACCOUNTS
+    )
+    with live_gateways(tmp_path, listeners, 2, config=config) as gateways:
+        first = gateways[0]
+        admin = AdminClient(_sasl_ssl(first, certs))
+        brokers = admin.list_topics(timeout=TIMEOUT_S).brokers
+        assert {b.port for b in brokers.values()} == {g.port("kafka_tls") for g in gateways}
+        topic = f"two-{uuid.uuid4().hex[:8]}"
+        ssl = _ssl(first, certs)
+        producer = confluent_producer(ssl.pop("bootstrap.servers"), **ssl)
+        producer.produce(topic, b"via either")
+        assert producer.flush(TIMEOUT_S) == 0
