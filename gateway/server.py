@@ -84,7 +84,9 @@ async def serve(
     log.info("stopped")
 
 
-def _on_reload_signal(reload: Callable[[], None]) -> Callable[[], None]:
+def _on_reload_signal(
+    reload: Callable[[], None], *, done: str = "SIGHUP: TLS files reloaded"
+) -> Callable[[], None]:
     """SIGHUP reloads the TLS files (a bad file is logged; the old ones keep serving)."""
     loop = asyncio.get_running_loop()
 
@@ -94,7 +96,7 @@ def _on_reload_signal(reload: Callable[[], None]) -> Callable[[], None]:
         except ConfigError as e:
             log.error("SIGHUP: TLS files not reloaded, the old ones serve on: %s", e)
         else:
-            log.info("SIGHUP: TLS files reloaded")
+            log.info("%s", done)
 
     try:
         loop.add_signal_handler(signal.SIGHUP, handle)
@@ -166,6 +168,9 @@ def run_foreground(
     async def guarded() -> None:
         stop = asyncio.Event()
         remove_handlers = _on_stop_signals(stop)
+        # SIGHUP must not kill a storage node, nameserver or navigation sent it along
+        # with the gateways (whose serve() installs the TLS reload over this).
+        _on_reload_signal(lambda: None, done="SIGHUP: nothing to reload in this process")
         try:
             await main(stop)
         finally:

@@ -56,3 +56,25 @@ def test_handshakes_and_sighup_reload_in_a_real_process(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "SIGHUP did not reload the certificate"
             time.sleep(0.05)
         assert _served(ports["kafka_tls"], context) != before
+
+
+def test_sighup_does_not_stop_a_nameserver(tmp_path: Path) -> None:
+    """Processes with nothing to reload log SIGHUP and carry on (the default action
+    would end them when an operator signals every polymq process at once)."""
+    from bench._server import _polymq_env, free_port, process_server
+
+    port = free_port()
+    log = tmp_path / "nameserver.log"
+    command = [sys.executable, "-m", "polymq.gateway", "nameserver", "--port", str(port)]
+    with (
+        log.open("wb") as stderr,
+        process_server(command, port, env=_polymq_env((), {}), stderr=stderr) as server,
+    ):
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)
+        deadline = time.monotonic() + TIMEOUT_S
+        while b"SIGHUP: nothing to reload" not in log.read_bytes():
+            assert time.monotonic() < deadline, "the nameserver did not log the SIGHUP"
+            time.sleep(0.02)
+        with socket.create_connection(("127.0.0.1", port), TIMEOUT_S):
+            pass  # and still serves
