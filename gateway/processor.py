@@ -11,12 +11,14 @@ abstract model only: no protocol's types.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from polymq.gateway.accounts import AccessDenied, Accounts, Principal
 from polymq.gateway.authorizer import Authorizer
+from polymq.gateway.latency import APPEND_BUCKETS_S, DELIVERY_BUCKETS_S, Histograms
 from polymq.gateway.metering import Metering
 from polymq.gateway.permissions import Operation, ResourceKind
 from polymq.storage import api
@@ -78,6 +80,10 @@ class Processor:
         self.clock = clock
         # Per-resource permissions (docs/permissions.md): adapters ask before acting.
         self.permissions = Authorizer(storage, clock, accounts.rules())
+        # Per protocol, for /metrics (gateway/latency.py): appends until storage
+        # acknowledged them; how long delivered messages had been stored.
+        self.append_latency = Histograms(APPEND_BUCKETS_S)
+        self.delivery_age = Histograms(DELIVERY_BUCKETS_S)
 
     # -- checks --------------------------------------------------------------------
 
@@ -190,7 +196,9 @@ class Processor:
         counted; ``metered=False`` for copies an adapter makes of messages already
         counted (MQTT routing another protocol's records into its session queues)."""
         namespace = self._check_queues(caller, (q for r in requests for q in r.queues))
+        started = time.perf_counter()
         results = await self._storage.append(requests)
+        self.append_latency.observe(caller.protocol, time.perf_counter() - started)
         if not metered:
             return results
         messages = nbytes = 0
@@ -247,6 +255,8 @@ class Processor:
         )
         if not metered:
             return batches
+        if batches:
+            self._observe_age(caller, batches[0].store_timestamp_ms)
         messages = nbytes = 0
         for batch in batches:
             messages += batch.count
@@ -414,3 +424,10 @@ class Processor:
         count, nbytes = _messages_size(messages)
         if count:
             self._metering.record_out(namespace, caller.protocol, messages=count, nbytes=nbytes)
+            for first in messages:  # one sample per delivery: its oldest message
+                self._observe_age(caller, first.store_timestamp_ms)
+                break
+
+    def _observe_age(self, caller: Caller, stored_ms: int) -> None:
+        age_s = max(0, self.clock.now_ms() - stored_ms) / 1000
+        self.delivery_age.observe(caller.protocol, age_s)

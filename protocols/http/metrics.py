@@ -19,6 +19,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from polymq.gateway.accounts import Principal
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
+from polymq.protocols.http.operator_metrics import OperatorMetrics
 from polymq.protocols.http.quota_metrics import QuotaCollector
 from polymq.protocols.mns.queues import QUEUE_KIND, queue_counts
 from polymq.storage.errors import QueueNotFound, TopicNotFound
@@ -108,6 +109,8 @@ class GatewayMetrics:
         self._depths = _Depths()
         self.registry.register(_GatewayCollector(context, self._depths))
         self.registry.register(QuotaCollector(context.quotas, context.connections))
+        self._operator = OperatorMetrics(context.processor)  # lag, rates, latencies
+        self.registry.register(self._operator.collector)
         self.latency = Histogram(
             "polymq_http_request_duration_seconds",
             "HTTP request latency on the MNS / admin port, by route.",
@@ -138,6 +141,7 @@ class GatewayMetrics:
                 mns[(namespace, queue, "inactive")] = counts.inactive
         self._depths.topics = topics
         self._depths.mns = mns
+        await self._operator.refresh()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -9,6 +9,7 @@ import dataclasses
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 from kafka import KafkaConsumer, KafkaProducer
 from mns.account import Account
 from mns.mns_exception import MNSServerException
@@ -265,3 +267,55 @@ def test_the_polymq_command_takes_credentials_from_a_config_file(
         check=False,
     )
     assert done.returncode == 1 and "401" in done.stderr
+
+
+def _queried(expressions: list[str]) -> set[str]:
+    return {m for e in expressions for m in re.findall(r"\bpolymq_[a-z0-9_]+", e)}
+
+
+def test_every_metric_the_dashboard_and_alerts_query_exists(server: LiveServer) -> None:
+    """After some traffic (Kafka produce and a group's commit, an MNS message, a failed
+    login), every polymq metric the Grafana dashboard and the alert rules query has a
+    sample on /metrics, and the latency histograms have counted Kafka's appends."""
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    dashboard = json.loads((docs / "grafana" / "polymq.json").read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    rules = yaml.safe_load((docs / "prometheus" / "alerts.yml").read_text())
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    wanted = _queried(exprs)
+    assert {"polymq_group_lag", "polymq_append_latency_seconds_bucket"} <= wanted
+
+    admin(server, "topics", "create", "metered", "-n", NS)
+    produce(server, "metered", [b"x", b"y"])
+    consumer = KafkaConsumer(
+        "metered", group_id="watchers", auto_offset_reset="earliest", **kafka(server)
+    )
+    got = 0
+    deadline = time.monotonic() + WAIT_S
+    while got < 2 and time.monotonic() < deadline:
+        got += sum(len(r) for r in consumer.poll(timeout_ms=500).values())
+    consumer.commit()
+    consumer.close()
+    produce(server, "metered", [b"z"])  # the group is one behind
+    admin(server, "queues", "create", "metered-q", "-n", NS)
+    Account(url(server), "guest-ak", "guest-sk").get_queue("metered-q").send_message(
+        MnsMessage("m")
+    )
+    assert httpx.get(url(server) + "/admin/topics", auth=("guest", "wrong")).status_code == 401
+
+    text = httpx.get(url(server) + "/metrics").text
+    sampled = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"}
+    assert wanted - sampled == set()
+    lag = [line for line in text.splitlines() if line.startswith("polymq_group_lag{")]
+    assert any('group="watchers"' in line and line.endswith(" 1.0") for line in lag), lag
+    count = [
+        line
+        for line in text.splitlines()
+        if line.startswith('polymq_append_latency_seconds_count{protocol="kafka"}')
+    ]
+    assert count and float(count[0].split()[-1]) >= 3
+    assert 'polymq_delivery_age_seconds_count{protocol="kafka"}' in text
+    appended = [
+        line for line in text.splitlines() if line.startswith("polymq_topic_appended_total")
+    ]
+    assert any('topic="metered"' in line and line.endswith(" 3.0") for line in appended)
