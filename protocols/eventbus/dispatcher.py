@@ -190,19 +190,30 @@ class _BusDispatcher:
     async def _handle_all(self, held: Sequence[_Held]) -> None:
         renewer = asyncio.create_task(self._renew(held))
         try:
-            await asyncio.gather(*(self._handle(h) for h in held))
-        except BaseException:
-            # Stopping (or our bug): what is not done is given back at once, so
-            # another gateway (or this one restarted) takes it without waiting.
+            outcomes = await asyncio.gather(
+                *(self._handle(h) for h in held), return_exceptions=True
+            )
+            for h, outcome in zip(held, outcomes, strict=True):
+                if isinstance(outcome, StorageError):
+                    log.info("eventbus %s/%s: %s", self._namespace, self._bus, outcome)
+                elif isinstance(outcome, BaseException):  # our bug: log it, go on
+                    log.error(
+                        "eventbus %s/%s: event %s failed",
+                        self._namespace,
+                        self._bus,
+                        h.stored.message_id,
+                        exc_info=outcome,
+                    )
+        finally:
+            renewer.cancel()
+            # What is not done (stopping, or a failure above) is given back at once,
+            # so another gateway (or this one restarted) takes it without waiting.
             for h in held:
                 if not h.done:
                     with contextlib.suppress(StorageError, asyncio.CancelledError):
                         await asyncio.shield(
                             self._processor.nack(self._caller, self._group, h.receipt)
                         )
-            raise
-        finally:
-            renewer.cancel()
 
     async def _renew(self, held: Sequence[_Held]) -> None:
         while True:
