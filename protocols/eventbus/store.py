@@ -44,7 +44,11 @@ class BusStore:
         self.processor = processor
 
     async def put_bus(self, caller: Caller, bus: Bus) -> bool:
-        """Create or change a bus; ``True`` when it is new."""
+        """Create or change a bus; ``True`` when it is new. The caller must be allowed
+        to read its source topics (docs/permissions.md): the dispatchers read them
+        with an identity of their own."""
+        for source in bus.sources:
+            await self.processor.authorize(caller, "topic", source, "read")
         existing = await self.processor.meta_get(caller, BUS_KIND, bus.name)
         await self._ensure_topic(caller, bus)
         await self.processor.meta_put(caller, BUS_KIND, bus.name, bus.to_json())
@@ -91,7 +95,9 @@ class BusStore:
     async def put_rule(self, caller: Caller, rule: Rule) -> bool:
         """Create or replace a rule (its bus must exist); ``True`` when it is new.
         Topic targets are created when missing (one queue); queue targets must be
-        MNS queues already."""
+        MNS queues already. The caller must be allowed to write every target (and to
+        create a missing topic): the dispatchers write with an identity of their own,
+        so a rule must not reach further than its author."""
         await self.bus(caller, rule.bus)
         for target in (*rule.targets, *((rule.dead_letter,) if rule.dead_letter else ())):
             await self._check_target(caller, target)
@@ -101,16 +107,24 @@ class BusStore:
         return existing is None
 
     async def _check_target(self, caller: Caller, target: Target) -> None:
+        if target.type == "http":
+            return
+        assert target.name is not None
+        await self.processor.authorize(caller, "topic", target.name, "write")
         if target.type == "queue":
-            assert target.name is not None
             if await self.processor.meta_get(caller, QUEUE_KIND, target.name) is None:
                 raise DefinitionError(
                     f"target {target.id}: MNS queue {target.name!r} does not exist"
                 )
         elif target.type == "topic":
-            assert target.name is not None
-            with contextlib.suppress(TopicAlreadyExists):
-                await self.processor.create_topic(caller, target.name, TopicConfig(queue_count=1))
+            try:
+                await self.processor.describe_topic(caller, target.name)
+            except TopicNotFound:
+                await self.processor.authorize(caller, "topic", target.name, "create")
+                with contextlib.suppress(TopicAlreadyExists):
+                    await self.processor.create_topic(
+                        caller, target.name, TopicConfig(queue_count=1)
+                    )
 
     async def rule(self, caller: Caller, bus: str, name: str) -> Rule:
         raw = await self.processor.meta_get(caller, RULE_KIND, _rule_key(bus, name))
