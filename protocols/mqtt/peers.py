@@ -19,7 +19,7 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
-from polymq.navigation.endpoints import GatewayDirectory, owner_of
+from polymq.navigation.endpoints import GatewayDirectory, GatewayEndpoint, owner_of
 from polymq.protocols import interop
 from polymq.storage.model import Message, StoredMessage
 
@@ -41,6 +41,8 @@ EVENTS_TOPIC = "$mqtt.events"
 # subscriptions announced at or after that offset. Private (``mqtt.``): no consumer
 # ever sees it.
 GATEWAY_PROPERTY = "mqtt.gateway"
+# The listeners whose gateways are MQTT peers (listener names in the directory).
+MQTT_LISTENERS = ("mqtt", "mqtts", "mqtt_ws", "mqtt_wss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +53,23 @@ class Peers:
     directory: GatewayDirectory
 
     def alive(self) -> set[str]:
-        return {endpoint.gateway_id for endpoint in self.directory.endpoints("mqtt")}
+        return {endpoint.gateway_id for endpoint in self._endpoints()}
+
+    def _endpoints(self) -> list[GatewayEndpoint]:
+        """One endpoint per gateway serving MQTT on any of its listeners (a gateway
+        may serve MQTTS alone)."""
+        found: dict[str, GatewayEndpoint] = {}
+        for listener in MQTT_LISTENERS:
+            for endpoint in self.directory.endpoints(listener):
+                found.setdefault(endpoint.gateway_id, endpoint)
+        return list(found.values())
 
     def owns(self, key: str) -> bool:
         """Whether this gateway is the one that does ``key``'s single-copy work (the
         copies of another protocol's messages of a storage topic into queues): by
         rendezvous hash over the live gateways, so every gateway agrees and a dead
         gateway's keys move to the others."""
-        owner = owner_of(key, self.directory.endpoints("mqtt"))
+        owner = owner_of(key, self._endpoints())
         return owner is None or owner.gateway_id == self.self_id
 
 

@@ -12,6 +12,8 @@ from polymq.gateway.assembly import protocol_listeners
 from polymq.gateway.config import TLS_LISTENERS, ConfigError, engine_config, load_config
 from polymq.gateway.gateway import Gateway
 from polymq.gateway.tls import ServerTls, peer_common_name
+from polymq.navigation.endpoints import GatewayEndpoint
+from polymq.protocols.mqtt.peers import Peers
 from polymq.storage.memory import MemoryEngine
 from tests.tls.conftest import Certs
 
@@ -55,3 +57,26 @@ def test_the_common_name_is_the_most_specific_one() -> None:
     subject = ((("organizationName", "clients"),), (("commonName", "alice"),))
     assert peer_common_name({"subject": subject}) == "alice"
     assert peer_common_name({}) is None
+
+
+class _Directory:
+    def __init__(self, lists: dict[str, list[GatewayEndpoint]]) -> None:
+        self._lists = lists
+
+    @property
+    def self_id(self) -> str:
+        return "a"
+
+    def endpoints(self, protocol: str) -> list[GatewayEndpoint]:
+        return self._lists.get(protocol, [])
+
+
+def test_a_gateway_serving_mqtts_alone_is_an_mqtt_peer() -> None:
+    def at(gateway: str, port: int) -> GatewayEndpoint:
+        return GatewayEndpoint(gateway_id=gateway, host="127.0.0.1", port=port)
+
+    directory = _Directory({"mqtt": [at("a", 1883)], "mqtts": [at("a", 8883), at("b", 8983)]})
+    peers = Peers(self_id="a", directory=directory)
+    assert peers.alive() == {"a", "b"}
+    keys = [f"topic-{i}" for i in range(32)]
+    assert 0 < sum(peers.owns(key) for key in keys) < len(keys)  # b owns some
