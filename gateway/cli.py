@@ -277,6 +277,9 @@ def _common_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--log-level", choices=("debug", "info", "warning", "error"), help="logging level [info]"
     )
+    parser.add_argument(
+        "--log-format", choices=("text", "json"), help="json: one object per line [text]"
+    )
 
 
 def _gateway_flags(parser: argparse.ArgumentParser, *, merged: bool) -> None:
@@ -322,6 +325,7 @@ _FLAG_KEYS: Mapping[str, str] = {
     "durability": "storage.durability",
     "host": "server.host",
     "log_level": "server.log_level",
+    "log_format": "server.log_format",
     "nameserver": "cluster.nameservers",
     "navigation": "cluster.navigation",
     "zone": "cluster.zone",
@@ -416,6 +420,7 @@ def _serve(command: str, config: GatewayConfig) -> int:
         return run_foreground(
             lambda stop: serve_node(config, stop),
             log_level=config.server.log_level,
+            log_format=config.server.log_format,
             what="polymq storage node starting (",
         )
     if command == "nameserver":
@@ -424,6 +429,7 @@ def _serve(command: str, config: GatewayConfig) -> int:
         return run_foreground(
             lambda stop: serve_nameserver(config, stop),
             log_level=config.server.log_level,
+            log_format=config.server.log_format,
             what="polymq nameserver starting (",
         )
     from polymq.gateway.roles import serve_navigation
@@ -431,5 +437,6 @@ def _serve(command: str, config: GatewayConfig) -> int:
     return run_foreground(
         lambda stop: serve_navigation(config, stop),
         log_level=config.server.log_level,
+        log_format=config.server.log_format,
         what="polymq navigation starting (",
     )

@@ -70,6 +70,7 @@ _ENV_RESERVED = frozenset({"POLYMQ_CONFIG"})
 AuthMode = Literal["open", "accounts"]
 DurabilityMode = Literal["sync", "async"]
 LogLevel = Literal["debug", "info", "warning", "error"]
+LogFormat = Literal["text", "json"]  # json: one object per line (gateway/log_format.py)
 
 _T = TypeVar("_T")
 
@@ -86,6 +87,7 @@ class ConfigError(ValueError):
 class ServerConfig:
     host: str = "127.0.0.1"
     log_level: LogLevel = "info"
+    log_format: LogFormat = "text"
     # Created at start-up (besides each account's), so clients find them.
     namespaces: tuple[str, ...] = (DEFAULT_NAMESPACE,)
 

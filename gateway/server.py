@@ -15,7 +15,9 @@ from typing import Any
 
 from polymq.gateway.assembly import build_gateway, storage_url
 from polymq.gateway.config import ConfigError, GatewayConfig
+from polymq.gateway.gateway import Gateway
 from polymq.gateway.listeners import ListenerFactory
+from polymq.gateway.log_format import ConnectionFields, JsonFormatter
 from polymq.storage.errors import StorageError
 
 __all__ = ["configure_logging", "run", "run_foreground", "serve"]
@@ -25,12 +27,16 @@ log = logging.getLogger("polymq")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def configure_logging(level: str) -> None:
+def configure_logging(level: str, log_format: str = "text") -> None:
+    """``log_format`` ``json``: one JSON object per line (gateway/log_format.py)."""
     logging.basicConfig(
         level=level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         force=True,
     )
+    if log_format == "json":
+        for handler in logging.getLogger().handlers:
+            handler.setFormatter(JsonFormatter())
     # httpx logs every request at INFO: navigation heartbeats would flood the log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
 
@@ -58,6 +64,20 @@ async def serve(
         )
     else:
         log.info("storage: %s, durability %s", url, config.storage.durability)
+    # Lines logged while a connection is served name it and its account.
+    fields = ConnectionFields(gateway.connections)
+    handlers = list(logging.getLogger().handlers)
+    for handler in handlers:
+        handler.addFilter(fields)
+    try:
+        await _serve_gateway(config, gateway, stop)
+    finally:
+        for handler in handlers:
+            handler.removeFilter(fields)
+    log.info("stopped")
+
+
+async def _serve_gateway(config: GatewayConfig, gateway: Gateway, stop: asyncio.Event) -> None:
     async with gateway:
         for listener in gateway.listeners:
             host, port = listener.address or (config.server.host, listener.port)
@@ -81,7 +101,6 @@ async def serve(
         finally:
             remove_reload()
         log.info("stopping")
-    log.info("stopped")
 
 
 def _on_reload_signal(
@@ -142,6 +161,7 @@ def run(config: GatewayConfig) -> int:
     return run_foreground(
         lambda stop: serve(config, stop=stop),
         log_level=config.server.log_level,
+        log_format=config.server.log_format,
         what=f"polymq starting ({form}",
     )
 
@@ -151,11 +171,12 @@ def run_foreground(
     *,
     log_level: str,
     what: str,
+    log_format: str = "text",
 ) -> int:
     """Run ``main(stop)`` on uvloop when installed, ``stop`` set by SIGINT/SIGTERM; the
     process exit code: 1 when it cannot start (a port taken, a data dir not writable).
     ``what`` opens the first log line; the event loop's name closes it."""
-    configure_logging(log_level)
+    configure_logging(log_level, log_format)
     loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = None
     try:
         import uvloop
