@@ -40,6 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench._stats import percentile  # noqa: E402
+from polymq.gateway.progress import Progress  # noqa: E402
 from polymq.storage.engine import Durability, Engine, EngineConfig  # noqa: E402
 from polymq.storage.model import (  # noqa: E402
     DEFAULT_NAMESPACE,
@@ -278,8 +279,14 @@ def rss_bytes() -> int:
         return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+# The run's status line (polymq.gateway.progress: steps done, the one running, elapsed)
+# on a terminal, nothing otherwise; set by main, so child processes draw none.
+_bar: list[Progress] = []
+
+
 def progress(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    if _bar:
+        _bar[0].step(text)
 
 
 def dir_bytes(path: Path) -> int:
@@ -1034,6 +1041,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     tmp_root, where = choose_tmp_root(args.tmp_dir)
     tmp = Path(tempfile.mkdtemp(prefix="polymq-bench-", dir=tmp_root))
+    with Progress(None, "bench storage") as bar:
+        _bar[:] = [bar]
+        try:
+            return _run(args, limits, limits_name, tmp, where, started)
+        finally:
+            _bar.clear()
+
+
+def _run(
+    args: argparse.Namespace,
+    limits: Limits,
+    limits_name: str,
+    tmp: Path,
+    where: str,
+    started: float,
+) -> int:
     progress(f"temp dir: {tmp} in {where}")
     report = Report(
         meta={

@@ -16,7 +16,8 @@ from polymq.conformance import report
 from polymq.conformance.cases import PROTOCOLS, cases_for
 from polymq.conformance.profiles import PROFILES
 from polymq.conformance.results import CaseResult, Outcome
-from polymq.conformance.runner import DEFAULT_PORTS, Target, run_cases
+from polymq.conformance.runner import DEFAULT_PORTS, Case, Target, run_cases
+from polymq.gateway.progress import Progress
 
 __all__ = ["build_parser", "main", "write_reports"]
 
@@ -144,16 +145,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     missing = set(PROFILES[args.profile])
     missing |= {f.strip() for f in args.expect_missing.split(",") if f.strip()}
 
-    def progress(result: CaseResult) -> None:
-        print(
-            f"  {result.outcome.value:16} {result.protocol}.{result.feature} [{result.client}]",
-            file=sys.stderr,
-            flush=True,
-        )
+    interop = _wants_interop(args, protocols)
+    # On a terminal: cases done, the one running, elapsed (gateway/progress.py); in CI
+    # or a pipe only the results that are not ok, as lines that stay.
+    with Progress(None if interop else len(cases), "conformance") as bar:
 
-    results = run_cases(cases, target, jobs=args.jobs, expect_missing=missing, on_result=progress)
-    if _wants_interop(args, protocols):
-        results += _interop(target, protocols, progress)
+        def started(case: Case) -> None:
+            bar.started(f"{case.protocol}.{case.feature} [{case.client}]")
+
+        def progress(result: CaseResult) -> None:
+            name = f"{result.protocol}.{result.feature} [{result.client}]"
+            bar.finished(name)
+            if not result.ok:
+                bar.note(f"  {result.outcome.value:16} {name}")
+
+        results = run_cases(
+            cases,
+            target,
+            jobs=args.jobs,
+            expect_missing=missing,
+            on_result=progress,
+            on_start=started,
+        )
+        if interop:
+            results += _interop(target, protocols, progress)
     print(report.text_table(results))
     title = args.title or f"Conformance of {args.target} ({args.profile})"
     if args.report is not None:

@@ -212,9 +212,11 @@ def run_cases(
     jobs: int = 4,
     expect_missing: Iterable[str] = (),
     on_result: Callable[[CaseResult], None] | None = None,
+    on_start: Callable[[Case], None] | None = None,
 ) -> list[CaseResult]:
     """Run ``cases``, ``jobs`` at a time; results in the order of ``cases``. A protocol
-    whose port does not accept connections gets an error row per case at once."""
+    whose port does not accept connections gets an error row per case at once.
+    ``on_start`` and ``on_result`` are called from the worker threads (a progress line)."""
     missing = frozenset(expect_missing)
     closed = {
         protocol
@@ -234,6 +236,8 @@ def run_cases(
 
     def work(index: int, case: Case) -> None:
         try:
+            if on_start is not None:
+                on_start(case)
             record(index, run_one(case, target, missing))
         finally:
             slots.release()
