@@ -298,6 +298,39 @@ def _gateways(data: Any) -> str:
     )
 
 
+def _nodes(data: Any) -> str:
+    if data["form"] == "merged":
+        return "merged form: one embedded storage engine, no storage nodes"
+    return table(
+        ("NODE", "ADDRESS", "HEALTH", "TOPICS", "LOAD", "DISK FREE", "LAST SEEN", "SHARD OWNER"),
+        (
+            (
+                n["node_id"],
+                n["address"],
+                "up" if n["alive"] else "DOWN",
+                n["topics"],
+                f"{n['load']:.1f}",
+                f"{n['disk_free_bytes'] / 2**30:.1f} GiB",
+                f"{n['last_seen_ms_ago'] / 1000:.1f} s ago",
+                f"{n['owner']} (epoch {n['epoch']})" if n["owner"] else "",
+            )
+            for n in data["nodes"]
+        ),
+    )
+
+
+def _shards(data: Any) -> str:
+    if not data["shards"]:
+        return "no shards: the pool is not replicated"
+    return table(
+        ("SHARD", "OWNER", "EPOCH", "HEALTH"),
+        (
+            (s["node_id"], s["owner"], s["epoch"], "up" if s["alive"] else "DOWN")
+            for s in data["shards"]
+        ),
+    )
+
+
 def _done(data: Any) -> str:
     return "done" if set(data) == {"status"} else json.dumps(data)
 
@@ -392,8 +425,17 @@ def _permissions_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render
     return c.call("POST", "/admin/permissions", body=rule), lambda d: f"added {d['key']}"
 
 
-def _nodes_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
+def _gateways_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
     return c.call("GET", "/admin/gateways"), _gateways
+
+
+def _nodes_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
+    return c.call("GET", "/admin/nodes"), _nodes
+
+
+def _shards_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
+    data = c.call("GET", "/admin/nodes")
+    return ({"form": data["form"], "shards": data["shards"]}, _shards)
 
 
 _COMMANDS: Mapping[str, Command] = {
@@ -403,7 +445,9 @@ _COMMANDS: Mapping[str, Command] = {
     "connections": _connections_cmd,
     "accounts": _accounts_cmd,
     "permissions": _permissions_cmd,
-    "gateways": _nodes_cmd,
+    "gateways": _gateways_cmd,
+    "nodes": _nodes_cmd,
+    "shards": _shards_cmd,
 }
 
 
@@ -499,6 +543,8 @@ def build_parser() -> argparse.ArgumentParser:
     _namespace_flag(p)
 
     commands.add_parser("gateways", help="the live gateways and their endpoints")
+    commands.add_parser("nodes", help="storage nodes, as the nameservers know them")
+    commands.add_parser("shards", help="the replicated pool's shards and their owners")
     return parser
 
 

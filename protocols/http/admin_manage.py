@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from polymq.gateway.config import LISTENER_NAMES
 from polymq.gateway.listeners import ListenerContext
 from polymq.protocols.http.admin_groups import groups_router
+from polymq.protocols.http.admin_pool import pool_router
 from polymq.protocols.http.admin_queues import queues_router
 from polymq.protocols.http.admin_scope import (
     PEEK_MAX,
@@ -230,4 +231,5 @@ def manage_router(context: ListenerContext, principal_of: PrincipalOf) -> APIRou
 
     router.include_router(queues_router(scope))
     router.include_router(groups_router(scope))
+    router.include_router(pool_router(scope))
     return router

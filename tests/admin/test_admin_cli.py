@@ -22,6 +22,7 @@ import httpx
 import pytest
 import yaml
 from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaError
 from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message as MnsMessage
@@ -240,6 +241,20 @@ def test_only_admins_act_and_secrets_stay_out(server: LiveServer) -> None:
     assert any("kafka" in g["endpoints"] for g in gateways["gateways"])
 
 
+def test_nodes_and_shards(server: LiveServer, server_form: str) -> None:
+    nodes = admin(server, "nodes")
+    if server_form == "merged":
+        assert nodes == {"form": "merged", "route_version": None, "nodes": [], "shards": []}
+    else:  # tests/live_server.py: two storage nodes behind one nameserver
+        assert nodes["form"] == "separated" and len(nodes["nodes"]) == 2
+        assert all(n["alive"] for n in nodes["nodes"])
+        assert admin(server, "shards")["shards"] == []  # not the replicated pool
+    out = io.StringIO()
+    env = {"POLYMQ_ADMIN_USER": "ops", "POLYMQ_ADMIN_PASSWORD": PASSWORD}
+    assert run(["--url", url(server), "nodes"], env, out) == 0
+    assert ("merged form" in out.getvalue()) == (server_form == "merged")
+
+
 def test_the_polymq_command_takes_credentials_from_a_config_file(
     server: LiveServer, tmp_path: Path
 ) -> None:
@@ -319,3 +334,29 @@ def test_every_metric_the_dashboard_and_alerts_query_exists(server: LiveServer) 
         line for line in text.splitlines() if line.startswith("polymq_topic_appended_total")
     ]
     assert any('topic="metered"' in line and line.endswith(" 3.0") for line in appended)
+
+
+def test_permissions_add_list_delete_and_tables(server: LiveServer) -> None:
+    """Last in the module: for a while, the guest may not write to topic ``secret``."""
+    admin(server, "topics", "create", "secret", "-n", NS)
+    added = admin(
+        server, "permissions", "add", "guest", "-n", NS, "--resource", "topic",
+        "--pattern", "secret", "--operations", "write", "--effect", "deny",
+    )  # fmt: skip
+    listed = admin(server, "permissions", "list", "-n", NS)["rules"]
+    assert added["key"] in {r["key"] for r in listed}
+    producer = KafkaProducer(acks="all", max_block_ms=10_000, **kafka(server))
+    with pytest.raises(KafkaError):
+        producer.send("secret", b"no", partition=0).get(WAIT_S)
+    producer.close()
+    admin(server, "permissions", "delete", added["key"], "-n", NS)
+    assert added["key"] not in {
+        r["key"] for r in admin(server, "permissions", "list", "-n", NS)["rules"]
+    }
+    # The tables people read: a header row, then one row per item.
+    out = io.StringIO()
+    env = {"POLYMQ_ADMIN_USER": "ops", "POLYMQ_ADMIN_PASSWORD": PASSWORD}
+    assert run(["--url", url(server), "topics", "list", "-n", NS], env, out) == 0
+    header, *rows = out.getvalue().splitlines()
+    assert header.split() == ["NAMESPACE", "TOPIC", "QUEUES", "TYPE", "RETENTION_MS", "MESSAGES"]
+    assert any(row.split()[:2] == [NS, "secret"] for row in rows)

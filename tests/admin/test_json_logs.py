@@ -60,7 +60,7 @@ class Process:
             line = self._new.get(timeout=max(0.01, deadline - time.monotonic()))
             assert line is not None, "the server exited:\n" + "".join(self.lines)
             self.lines.append(line)
-            entry = json.loads(line)  # every line is JSON, or this raises
+            entry: dict[str, Any] = json.loads(line)  # every line is JSON, or this raises
             if check(entry):
                 return entry
 
