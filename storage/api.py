@@ -87,9 +87,12 @@ class StorageAPI(Protocol):
     Guarantees shared by every implementation:
 
     * An append, ack, offset commit or metadata change that returned has survived a
-      crash of the process (``sync`` durability: also of the machine).
+      crash of the process (``sync`` durability: also of the machine, unless the
+      append said ``durable=False``).
     * Offsets in a queue are dense and start at 0; a message becomes readable only
-      once it is durable, so a reader never sees a message that a crash takes back.
+      once it is durable, so a reader never sees a message that a crash takes back
+      (a ``durable=False`` message: once written, so only a crash of the machine can
+      take it back, with everything after it).
     * Long polls (``wait_ms``) return as soon as data is there, or empty at the end.
     """
 
@@ -173,7 +176,10 @@ class StorageAPI(Protocol):
         """Store each request's entry once and index it into each of its queues.
 
         All requests of one call share one group commit. A message with a future
-        ``delivery_time_ms`` gets its offsets when it becomes visible."""
+        ``delivery_time_ms`` gets its offsets when it becomes visible. The call
+        returns once every request is durable, or only written when no request of
+        the call asked for durability (``AppendRequest.durable``); such a message is
+        readable once written."""
         ...
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:

@@ -60,6 +60,7 @@ class SpreadAppends:
                         queues=tuple(queues),
                         dedup_key=request.dedup_key,
                         message_id=message_id,
+                        durable=request.durable,
                     )
                 )
                 calls = shares.setdefault(node, [])

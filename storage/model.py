@@ -163,7 +163,14 @@ class AppendRequest:
     engine's dedup window is not stored again; it returns the first append's result
     (SQS FIFO deduplication ids, MQTT QoS 2 and Kafka idempotent-producer retries).
     The key is recorded atomically with the message, so a retry after a crash is
-    recognised too."""
+    recognised too.
+
+    ``durable``: what the client asked for. ``True`` (persistent AMQP messages to a
+    durable queue, MQTT QoS 1/2, Kafka ``acks=all``): the append returns once the
+    message is fsynced (``sync`` durability). ``False`` (transient messages, QoS 0,
+    ``acks=0``/``1``): it returns once the message is written (it survives a crash of
+    the process, not of the machine) and is fsynced within the flush interval or with
+    the next durable append, whichever comes first."""
 
     entry: Message | BatchEntry
     queues: tuple[QueueRef, ...]
@@ -171,6 +178,7 @@ class AppendRequest:
     # Normally the store names the message. The cluster client names one whose queues
     # sit on several storage nodes, so every copy carries the same id.
     message_id: str | None = None
+    durable: bool = True
 
 
 @dataclass(frozen=True, slots=True)

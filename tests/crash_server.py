@@ -101,10 +101,12 @@ def crash_server(
     port: int | None = None,
     durability: str | None = None,
     settings: Mapping[str, str] | None = None,
+    prelude: str = "",
 ) -> Iterator[int]:
     """polymq serving only ``listener`` over ``data_dir``; yields its port and
     SIGKILLs it when the block ends. A port taken before the server bound it is
-    retried on a fresh one (unless ``port`` was given)."""
+    retried on a fresh one (unless ``port`` was given). ``prelude``: Python run in
+    the server process before it starts (``tests/powerloss.py`` records its fsyncs)."""
     assert listener in LISTENER_NAMES, listener
     env = _env(listener, settings or {})
     for attempt in range(1, PORT_ATTEMPTS + 1):
@@ -112,7 +114,7 @@ def crash_server(
         command = [
             sys.executable,
             "-c",
-            "from polymq.gateway.cli import main; raise SystemExit(main())",
+            prelude + "\nfrom polymq.gateway.cli import main; raise SystemExit(main())",
         ]
         command += ["run", "--data-dir", str(data_dir), "--log-level", "warning"]
         command += [f"--{listener.replace('_', '-')}-port", str(chosen)]

@@ -167,9 +167,12 @@ class Consumer:
             return await self._fetch_view(count, wait_ms)
         refs = queue.refs(channel.conn.namespace)
         if self.stream_offset is None:
-            # No-ack deliveries are acked right after they are sent: their hand-out
-            # need not be durable first.
-            return await channel.pop(queue.group, refs, count, wait_ms, durable=not self.no_ack)
+            # A hand-out is written, not waited on for its fsync (docs/performance.md):
+            # no-ack deliveries are acked right after they are sent, and an acked
+            # delivery's ack is durable; a crash of the machine can only forget that
+            # an unacked message was handed out, which delivers it again, as RabbitMQ
+            # does for every unacked message after a restart.
+            return await channel.pop(queue.group, refs, count, wait_ms, durable=False)
         # A stream queue: read on from an offset; nothing is removed.
         result = await channel.conn.processor.read(
             channel.conn.caller, refs[0], self.stream_offset, max_messages=count, wait_ms=wait_ms
@@ -188,7 +191,7 @@ class Consumer:
                 await asyncio.sleep(min(wait_ms, _TOPIC_RETRY_MS) / 1000)
                 return []
             refs = queue.refs(conn.namespace)
-            got = await self.channel.pop(queue.group, refs, count, wait_ms, durable=not self.no_ack)
+            got = await self.channel.pop(queue.group, refs, count, wait_ms, durable=False)
             if not got and wait_ms:
                 await conn.vhost.resolve_view(conn.caller, queue)
             return got

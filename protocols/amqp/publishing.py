@@ -258,7 +258,13 @@ class Publisher:
         returned = None
         if method.mandatory and not names and not self._explicit(exchange.arguments):
             returned = self._return_frames(method, raw, body)
-        return AppendRequest(entry=message, queues=unique), returned, accepted, heads
+        # As RabbitMQ: only a persistent message (delivery_mode 2) to a durable queue
+        # (or a storage topic) waits for the fsync; a transient one is written only.
+        durable = properties.delivery_mode == 2 and (
+            topic is not None or any(q.durable or q.view_topic is not None for q in reached)
+        )
+        request = AppendRequest(entry=message, queues=unique, durable=durable)
+        return request, returned, accepted, heads
 
     @staticmethod
     def _explicit(arguments: Mapping[str, Any]) -> bool:

@@ -73,8 +73,14 @@ class Router:
                 item.message = stamped(item.message, stamp)
             queues = [QueueRef(self.core.namespace, topic, 0)]
             self._route(item, queues, memory, woken)
+            # QoS 0 asked for no durability: written, fsynced within the flush interval.
             requests.append(
-                AppendRequest(entry=item.message, queues=tuple(queues), dedup_key=item.dedup_key)
+                AppendRequest(
+                    entry=item.message,
+                    queues=tuple(queues),
+                    dedup_key=item.dedup_key,
+                    durable=item.qos > 0,
+                )
             )
         for owner, delivery in memory:
             owner.deliver(delivery)
@@ -141,6 +147,7 @@ class Router:
                 entry=owing_copies(entry, targets) if targets else entry,
                 queues=request.queues[:1],
                 dedup_key=request.dedup_key,
+                durable=request.durable,
             )
 
         groups = list(by_topic.values())

@@ -91,6 +91,7 @@ class Appends(EnginePart):
         flags: int = 0,
         source: int = -1,
         aux: str = "",
+        durable: bool = True,
     ) -> tuple[rec.MessageRecord, int]:
         """Reserve one message record; offsets are assigned now and become readable when
         it is durable. Synchronous: no other task runs between check and reserve."""
@@ -139,7 +140,9 @@ class Appends(EnginePart):
         payload = rec.encode_record(record)
         size = HEADER_SIZE + len(payload)
         position = self._log.reserve(
-            payload, on_durable=lambda: self._state.publish(position, size, record)
+            payload,
+            on_durable=lambda: self._state.publish(position, size, record),
+            durable=durable,
         )
         self._state.apply_message(position, size, record)
         return record, position
@@ -163,9 +166,13 @@ class Appends(EnginePart):
                         targets,
                         aux=request.dedup_key or "",
                         message_id=request.message_id,
+                        durable=request.durable,
                     )[0]
                 )
-        await self._log.wait_durable()
+        if any(request.durable for request in requests):
+            await self._log.wait_durable()
+        else:  # what the client asked: written (readable), fsynced within the interval
+            await self._log.wait_reported()
         return [
             item if isinstance(item, AppendResult) else append_result(item, request.queues)
             for item, (request, _) in zip(done, checked, strict=True)

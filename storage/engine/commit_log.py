@@ -7,8 +7,16 @@ follow each other without gaps, so a position finds its segment by bisection.
 Group commit: callers reserve records (a position is assigned at once, on the event
 loop), and one flusher writes everything reserved so far with a single write and a
 single fsync per segment, then reports the new durable position. While one fsync runs,
-the next group gathers. With ``async`` durability the flusher writes without fsync and
-a timer fsyncs.
+the next group gathers; a group is never held back to wait for company, so a lone
+record is flushed at once. With ``async`` durability the flusher writes without fsync
+and a timer fsyncs.
+
+A record reserved with ``durable=False`` (a transient message, a hand-out nobody
+waits on) does not ask for an fsync: a group made only of such records is written,
+reported (its callbacks run, so readers see it) and fsynced by the next group that
+needs one or by a timer ``flush_interval_ms`` later. The log stays a prefix: an fsync
+covers every byte written before it, so a crash of the machine can only take back a
+tail of records nobody was promised durability for, and a crash of the process none.
 
 Recovery scans from a known-good position and cuts the log at the first record whose
 frame or CRC is wrong: a torn tail from a crash is removed, never surfaced.
@@ -78,7 +86,12 @@ class CommitLog:
         self._durable_end = 0  # what callers were told is safe
         self._written_end = 0  # written to the file (page cache), maybe not yet fsynced
         self._written_waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._reported_end = 0  # written and its callbacks run: readers see it
+        self._reported_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._pending: list[tuple[_Segment, bytes, Callable[[], None] | None]] = []
+        self._pending_durable = False  # a pending record asked for an fsync
+        self._sync_due = False  # the timer for written-only records fired
+        self._sync_timer: asyncio.TimerHandle | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._wakeup = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -158,6 +171,7 @@ class CommitLog:
         if not self._segments:
             self._create_segment(good_end)
         self._reserved_end = self._durable_end = self._written_end = good_end
+        self._reported_end = good_end
 
     def _segment_index(self, position: int) -> int:
         return max(0, bisect.bisect_right(self._bases, position) - 1)
@@ -234,9 +248,17 @@ class CommitLog:
         if self._durability is Durability.ASYNC:
             self._syncer = loop.create_task(self._sync_loop(), name="polymq-commit-log-syncer")
 
-    def reserve(self, payload: bytes, on_durable: Callable[[], None] | None = None) -> int:
+    def reserve(
+        self,
+        payload: bytes,
+        on_durable: Callable[[], None] | None = None,
+        *,
+        durable: bool = True,
+    ) -> int:
         """Queue one record; return its position. ``on_durable`` runs (on the loop, in
-        log order) once the record is durable, before any waiter is woken."""
+        log order) once the record is durable, before any waiter is woken; for a record
+        reserved with ``durable=False``, once it is written if no record of its group
+        needs an fsync (then it is fsynced within ``flush_interval_ms``)."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -248,6 +270,8 @@ class CommitLog:
             segment = self._create_segment(position)
         frame = _HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload
         self._pending.append((segment, frame, on_durable))
+        if durable:
+            self._pending_durable = True
         self._reserved_end = position + size
         self._wakeup.set()
         return position
@@ -261,6 +285,8 @@ class CommitLog:
             raise self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((target, future))
+        if self._durability is Durability.SYNC:
+            self._wakeup.set()  # written-only records below ``target`` need an fsync now
         await future
 
     async def wait_written(self, end: int | None = None) -> None:
@@ -280,6 +306,20 @@ class CommitLog:
         self._written_waiters.append((target, future))
         await future
 
+    async def wait_reported(self, end: int | None = None) -> None:
+        """Wait until everything reserved before ``end`` (default: now) is written
+        and its ``on_durable`` callbacks ran (a message is readable): what a
+        ``durable=False`` append waits for. Never before those callbacks, unlike
+        :meth:`wait_written`, which may return between the write and the fsync."""
+        target = self._reserved_end if end is None else end
+        if self._reported_end >= target:
+            return
+        if self._failure is not None:
+            raise self._failure
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._reported_waiters.append((target, future))
+        await future
+
     def _mark_written(self, end: int) -> None:
         """Called on the loop from the flusher's thread between write and fsync."""
         self._written_end = max(self._written_end, end)
@@ -291,24 +331,27 @@ class CommitLog:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._pending:
+            while self._pending or (sync and (self._sync_due or self._waiters)):
                 batch, self._pending = self._pending, []
                 start, end = self._durable_end, self._reserved_end
+                # Records nobody waits to be fsynced: written now, fsynced later.
+                fsync = sync and (self._pending_durable or self._sync_due or bool(self._waiters))
+                self._pending_durable = False
+                if fsync:
+                    self._sync_due = False
+                    if self._sync_timer is not None:
+                        self._sync_timer.cancel()
+                        self._sync_timer = None
                 new_dir_entry, self._dir_dirty = self._dir_dirty, False
-                # Waiters for the write alone are told between write and fsync.
-                written = (
-                    functools.partial(loop.call_soon_threadsafe, self._mark_written, end)
-                    if self._written_waiters
-                    else None
-                )
                 try:
-                    if sync:
-                        await loop.run_in_executor(
-                            self._executor, self._write, batch, True, new_dir_entry, written
-                        )
+                    if fsync:
+                        await self._write_synced(loop, batch, new_dir_entry, end)
                     else:
                         self._write(batch, False, new_dir_entry)
-                    await self._replicate(start, [frame for _, frame, _ in batch])
+                        # A new segment's directory entry waits for the next fsync too.
+                        self._dir_dirty = self._dir_dirty or (sync and new_dir_entry)
+                    if batch:
+                        await self._replicate(start, [frame for _, frame, _ in batch])
                 except asyncio.CancelledError:
                     raise
                 except BaseException as exc:  # a disk error: stop, never acknowledge
@@ -321,10 +364,44 @@ class CommitLog:
                             callback()
                         except Exception:  # our bug: keep acknowledging the others
                             log.exception("commit log: a durability callback failed")
-                self._durable_end = end
-                self._wake_waiters()
-                if self._written_waiters:
-                    self._mark_written(end)
+                if fsync or not sync:
+                    self._durable_end = end
+                    self._wake_waiters()
+                elif self._sync_timer is None:
+                    self._sync_timer = loop.call_later(
+                        self._flush_interval_ms / 1000, self._sync_later
+                    )
+                self._mark_written(end)
+                self._reported_end = end
+                if self._reported_waiters:
+                    self._reported_waiters = _wake(self._reported_waiters, end)
+
+    def _sync_later(self) -> None:
+        """The timer of written-only records: fsync them now."""
+        self._sync_timer = None
+        self._sync_due = True
+        self._wakeup.set()
+
+    async def _write_synced(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        batch: list[tuple[_Segment, bytes, Callable[[], None] | None]],
+        new_dir_entry: bool,
+        end: int,
+    ) -> None:
+        """Write ``batch`` and fsync it with everything written before it, in the
+        fsync thread: the loop keeps serving (and gathering the next group) while
+        the disk works, and a stalled disk never stalls every connection. (Syncing a
+        lone record on the loop instead was measured: no CPU saved, see
+        docs/performance.md.)"""
+        written = (
+            functools.partial(loop.call_soon_threadsafe, self._mark_written, end)
+            if self._written_waiters
+            else None
+        )
+        await loop.run_in_executor(
+            self._executor, self._write, batch, True, new_dir_entry, written, self._take_unsynced()
+        )
 
     def _write(
         self,
@@ -332,7 +409,10 @@ class CommitLog:
         fsync: bool,
         new_dir_entry: bool,
         written: Callable[[], object] | None = None,
+        earlier: list[_Segment] | None = None,
     ) -> None:
+        """Write ``batch``; with ``fsync``, fsync it and the ``earlier`` segments
+        written without one (so an fsync covers every byte written before it)."""
         touched: list[_Segment] = []
         chunks: list[bytes] = []
         current: _Segment | None = None
@@ -349,6 +429,9 @@ class CommitLog:
         if written is not None:
             written()
         if fsync:
+            for segment in earlier or ():
+                if segment.fd >= 0 and segment not in touched:
+                    os.fdatasync(segment.fd)
             for segment in touched:
                 os.fdatasync(segment.fd)
             if new_dir_entry:
@@ -407,11 +490,12 @@ class CommitLog:
             else StorageFailed(f"commit log write failed: {exc!r}")
         )
         self._failure = error
-        for _, future in (*self._waiters, *self._written_waiters):
+        for _, future in (*self._waiters, *self._written_waiters, *self._reported_waiters):
             if not future.done():
                 future.set_exception(error)
         self._waiters = []
         self._written_waiters = []
+        self._reported_waiters = []
 
     # -- reading ------------------------------------------------------------------
 
@@ -480,6 +564,8 @@ class CommitLog:
             with contextlib.suppress(StorageFailed):
                 await self.fsync()
         self._closed = True
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
         for task in (self._flusher, self._syncer):
             if task is not None:
                 task.cancel()

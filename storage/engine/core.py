@@ -85,9 +85,10 @@ class EngineCore:
 
     # ------------------------------------------------------------------ applying records
 
-    def record(self, record: rec.Record) -> int:
-        """Reserve a non-message record; its in-memory effect is applied by the caller."""
-        return self.log.reserve(rec.encode_record(record))
+    def record(self, record: rec.Record, *, durable: bool = True) -> int:
+        """Reserve a non-message record; its in-memory effect is applied by the caller.
+        ``durable=False``: nobody waits for its fsync (see ``CommitLog.reserve``)."""
+        return self.log.reserve(rec.encode_record(record), durable=durable)
 
     def meta(self, **op: Any) -> int:
         """Log and apply one metadata change; returns the log end to wait for."""

@@ -56,9 +56,18 @@ class Pops(EnginePart):
         self._core.record(record)
 
     def _hand_out_now(
-        self, group: str, topic_id: int, queue_id: int, offset: int, state: Inflight
+        self,
+        group: str,
+        topic_id: int,
+        queue_id: int,
+        offset: int,
+        state: Inflight,
+        *,
+        durable: bool = True,
     ) -> None:
-        """Log and apply a hand-out (a pop or a new invisibility), as a replay would."""
+        """Log and apply a hand-out (a pop or a new invisibility), as a replay would.
+        ``durable=False`` (a pop that does not wait for its fsync) asks for no fsync of
+        its own: the next group commit that needs one covers it."""
         record = rec.Pop(
             group,
             topic_id,
@@ -70,7 +79,7 @@ class Pops(EnginePart):
             state.first_pop_ms,
         )
         self._state.apply_pop(record)
-        self._core.record(record)
+        self._core.record(record, durable=durable)
 
     # ------------------------------------------------------------------ group configs
 
@@ -148,7 +157,7 @@ class Pops(EnginePart):
                 core.queue_key(namespace, ref)
             handed: list[_HandOut] = []
             popped, end = self._pop_now(
-                namespace, group, targets, max_messages, invisible_ms, tags, handed
+                namespace, group, targets, max_messages, invisible_ms, tags, handed, durable
             )
             if popped or core.now() >= deadline:
                 if end is not None:
@@ -222,6 +231,7 @@ class Pops(EnginePart):
         invisible_ms: int,
         tags: frozenset[str] | None,
         handed: list[_HandOut],
+        durable: bool = True,
     ) -> tuple[list[StoredMessage], int | None]:
         """Hand out what is visible; ``handed`` gets what :meth:`_give_back` needs to
         undo each hand-out."""
@@ -260,7 +270,7 @@ class Pops(EnginePart):
                     continue
                 first_pop = previous.first_pop_ms if previous else now
                 state = Inflight(now + invisible_ms, attempt, self._state.pop_seq + 1, first_pop)
-                self._hand_out_now(group, topic.id, ref.queue_id, offset, state)
+                self._hand_out_now(group, topic.id, ref.queue_id, offset, state, durable=durable)
                 handed.append((topic, ref.queue_id, offset, state.seq, previous))
                 popped.append(
                     stored_message(

@@ -129,9 +129,13 @@ async def produce(session: Session, request: Any, version: int) -> dict[str, Any
             continue
         for header, raw in part.batches:
             entry = BatchEntry(format=BATCH_FORMAT, raw=raw, count=header.record_count)
+            # acks=all waits for the fsync; acks=0 and acks=1 (the leader's write) do not.
             requests.append(
                 AppendRequest(
-                    entry=entry, queues=(part.queue,), dedup_key=_dedup_key(part.queue, header)
+                    entry=entry,
+                    queues=(part.queue,),
+                    dedup_key=_dedup_key(part.queue, header),
+                    durable=request.acks == -1,
                 )
             )
             owners.append(part)
