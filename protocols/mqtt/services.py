@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import weakref
 from dataclasses import dataclass, field
 
@@ -28,6 +29,8 @@ from polymq.storage.clock import Clock
 from polymq.storage.model import Message
 
 __all__ = ["BrokerRegistry", "MqttServices", "Stats", "services_for", "serving"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(slots=True)
@@ -96,7 +99,11 @@ class MqttServices:
     options: MqttOptions
     version: str = "polymq"
     quotas: Quotas = field(default_factory=Quotas)  # per-account rates (docs/quotas.md)
+    # Several gateways: the namespaces whose brokers load at start, not at a first
+    # client's CONNECT (see :meth:`_load_brokers`).
+    namespaces: tuple[str, ...] = ()
     _sys_task: asyncio.Task[None] | None = None
+    _loader: asyncio.Task[None] | None = None
     _listeners: int = 0  # started and not yet stopped
 
     def start(self) -> None:
@@ -105,6 +112,34 @@ class MqttServices:
         self._listeners += 1
         if self._sys_task is None or self._sys_task.done():
             self._sys_task = asyncio.get_running_loop().create_task(self._publish_sys())
+        if self.namespaces and (self._loader is None or self._loader.done()):
+            self._loader = asyncio.get_running_loop().create_task(self._load_brokers())
+
+    async def _load_brokers(self) -> None:
+        """Load the configured namespaces' brokers now, retrying while storage does
+        not answer. With several gateways, the copies into session queues of what
+        reaches a storage topic from elsewhere (other protocols' messages, publishes
+        stored owing copies while a queue's node or shard was away) are made by one
+        gateway, chosen by the topic's hash among every gateway serving MQTT; one
+        whose broker was not loaded (no MQTT client had connected to it since it
+        started) followed no topic, so those copies were made by nobody, and the
+        other gateways' tails moved past them: acknowledged publishes never reached
+        the persistent sessions (the replicated chaos run, after a gateway restart)."""
+        pause_s = 0.1
+        waiting = list(self.namespaces)
+        while waiting:
+            namespace = waiting[0]
+            try:
+                await self.brokers.get(namespace)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # storage away (retried), or a namespace it refuses
+                log.info("mqtt: the broker of %s loads later: %s", namespace, e)
+                await asyncio.sleep(pause_s)
+                pause_s = min(2.0, pause_s * 2)
+                continue
+            waiting.pop(0)
+            pause_s = 0.1
 
     async def stop(self) -> None:
         """Stop ``$SYS`` and the brokers once no listener serves them: the TCP and the
@@ -113,11 +148,12 @@ class MqttServices:
         self._listeners = max(0, self._listeners - 1)
         if self._listeners > 0:
             return
-        task, self._sys_task = self._sys_task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        for task in (self._sys_task, self._loader):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._sys_task = self._loader = None
         await self.brokers.close()
 
     async def _publish_sys(self) -> None:
@@ -181,6 +217,7 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
             frame_budget=context.frame_budget,
             clock=context.clock,
             brokers=BrokerRegistry(context.processor, _peers(context)),
+            namespaces=_eager_namespaces(context),
             quotas=context.quotas,
             stats=Stats(started_ms=context.clock.now_ms()),
             options=options
@@ -196,6 +233,14 @@ def services_for(context: ListenerContext, options: MqttOptions | None = None) -
 def serving(processor: Processor) -> MqttServices | None:
     """The MQTT services of the gateway with this processor, if it serves MQTT."""
     return _SHARED.get(processor)
+
+
+def _eager_namespaces(context: ListenerContext) -> tuple[str, ...]:
+    """Several gateways: the configured namespaces and every account's, whose brokers
+    load at start (:meth:`MqttServices._load_brokers`); the merged form: none."""
+    if isinstance(context.directory, SingleGateway):
+        return ()
+    return tuple(sorted(set(context.config.server.namespaces) | context.accounts.namespaces()))
 
 
 def _peers(context: ListenerContext) -> Peers | None:
