@@ -97,15 +97,16 @@ def _open_and_close(address: tuple[str, int]) -> None:
 async def test_a_consumer_stays_through_a_takeover_and_connections_open_without_storage(
     pool: ReplicatedPool,
 ) -> None:
-    for i in (1, 2, 3):  # at start a process may hold another's shard for a moment
-
-        async def settled(shard: str = f"shard-{i}", name: str = f"storage-{i}") -> bool:
-            return await server_of(pool, shard) == name
-
-        await until(settled, f"shard-{i} served by storage-{i}", pool)
+    # Whichever process serves the shard now is killed: the shards need not be back
+    # on the processes preferring them (a hand-back at start may be slow).
     at = gateways(pool)
     shard = await home_shard(pool)
     queue = await place(pool, shard, _make_amqp, lambda name: AMQP_PREFIX + name)
+
+    async def served() -> bool:
+        return await server_of(pool, shard) is not None
+
+    await until(served, f"a process serving {shard}", pool)
     victim = await server_of(pool, shard)
     assert victim is not None
 
