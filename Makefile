@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_DIR := tests/nodejs
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench fuzz clean conformance-reference
+.PHONY: run test lint typecheck unit bench fuzz clean conformance-reference chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,15 @@ $(STAMP): pyproject.toml
 $(NODE_STAMP): $(NODE_DIR)/package.json $(NODE_DIR)/package-lock.json
 	cd $(NODE_DIR) && npm ci --no-audit --no-fund --loglevel=error
 	@touch $(NODE_STAMP)
+
+# Headless Chromium and its driver from Debian's packages, for the web console's browser
+# tests (tests/admin/test_console.py), installed when missing as the node clients are.
+chromium:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+	  SUDO=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    chromium chromium-driver; }
 
 run: $(STAMP)
 	$(BIN)/polymq run $(ARGS)
@@ -38,7 +47,7 @@ typecheck: $(STAMP)
 
 # pytest exits 5 when it collected no tests: for this project that is a broken suite,
 # so it fails loudly instead of passing as "nothing to do".
-unit: $(STAMP) $(NODE_STAMP)
+unit: $(STAMP) $(NODE_STAMP) chromium
 	@$(BIN)/pytest $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make: pytest collected no tests: failing" >&2; fi; \
 	exit $$status

@@ -15,6 +15,7 @@ from polymq.gateway.accounts import AuthError
 from polymq.gateway.listeners import ListenerContext
 from polymq.protocols.eventbus.routes import EventBusApi
 from polymq.protocols.http.admin import admin_router
+from polymq.protocols.http.console import console_router
 from polymq.protocols.http.metrics import GatewayMetrics, LatencyMiddleware
 from polymq.protocols.mns.errors import MnsError, from_exception
 from polymq.protocols.mns.notify import Notifier
@@ -62,6 +63,7 @@ def build_app(context: ListenerContext, *, notify_retry_unit_ms: int = 1000) -> 
     )
     app.include_router(api.router())
     app.include_router(admin_router(context))
+    app.include_router(console_router())  # /console: the web console (docs/admin.md)
     # The event bus (docs/eventbus.md); its dispatchers live as long as the notifier.
     bus = EventBusApi(
         processor=context.processor,

@@ -1,0 +1,350 @@
+// The polymq web console: plain JavaScript over the admin API (docs/admin.md), no
+// build step. Each page is a function that fetches what it shows and draws it into
+// <main>; actions call the same API as `polymq admin` and redraw their page.
+"use strict";
+
+const main = document.getElementById("main");
+const loginForm = document.getElementById("login");
+let timer = null;
+
+function credentials() {
+  return sessionStorage.getItem("polymq-auth");
+}
+
+async function api(method, path, body) {
+  // X-Requested-With: the API then answers 401 without a Basic challenge, which
+  // would hold the request behind the browser's own password prompt.
+  const headers = { Accept: "application/json", "X-Requested-With": "XMLHttpRequest" };
+  const auth = credentials();
+  if (auth) headers.Authorization = "Basic " + auth;
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  const response = await fetch(path, {
+    method, headers, body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  if (response.status === 401) {
+    showLogin(credentials() ? "wrong user name or password" : "");
+    throw new Error("sign in first");
+  }
+  if (!response.ok) {
+    let detail = response.statusText;
+    try { detail = JSON.stringify((await response.json()).detail); } catch (e) { /* text */ }
+    throw new Error(`${method} ${path}: ${response.status} ${detail}`);
+  }
+  return response.status === 204 ? {} : response.json();
+}
+
+function showLogin(error) {
+  main.hidden = true;
+  loginForm.hidden = false;
+  document.getElementById("login-error").textContent = error || "";
+}
+
+loginForm.addEventListener("submit", (event) => {
+  event.preventDefault();
+  const user = document.getElementById("login-user").value;
+  const password = document.getElementById("login-password").value;
+  sessionStorage.setItem("polymq-auth", btoa(`${user}:${password}`));
+  document.getElementById("who").textContent = user;
+  loginForm.hidden = true;
+  main.hidden = false;
+  route();
+});
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else if (value !== undefined && value !== null) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+function table(id, headers, rows) {
+  return el("table", { id },
+    el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
+    el("tbody", {}, rows));
+}
+
+function cell(value) {
+  return el("td", { class: typeof value === "number" ? "num" : null }, value ?? "");
+}
+
+let lastStatus = ["", false];  // the latest action's outcome, kept across redraws
+
+function status(text, isError) {
+  lastStatus = [text, Boolean(isError)];
+  const line = document.getElementById("status");
+  if (line) { line.textContent = text; line.className = isError ? "error" : ""; }
+}
+
+async function act(what, call) {
+  try {
+    const result = await call();
+    status(what + ": done");
+    return result;
+  } catch (e) {
+    status(e.message, true);
+    return null;
+  }
+}
+
+function field(name, placeholder, value) {
+  return el("input", { name, placeholder, value });
+}
+
+function values(form) {
+  return Object.fromEntries(new FormData(form).entries());
+}
+
+// -- pages -----------------------------------------------------------------------
+
+const history = [];  // [time, messages in, messages out] per poll, for the chart
+
+async function overview() {
+  const [connections, usage, nodes] = await Promise.all([
+    api("GET", "/admin/connections"), api("GET", "/admin/usage"), api("GET", "/admin/nodes"),
+  ]);
+  const perProtocol = {};
+  let totalIn = 0;
+  let totalOut = 0;
+  for (const u of usage.usage) {
+    const p = (perProtocol[u.protocol] ||= { in: 0, out: 0 });
+    p.in += u.messages_in; p.out += u.messages_out;
+    totalIn += u.messages_in; totalOut += u.messages_out;
+  }
+  history.push([Date.now(), totalIn, totalOut]);
+  if (history.length > 60) history.shift();
+  const rate = history.length > 1 ? (() => {
+    const [t0, i0, o0] = history[history.length - 2];
+    const [t1, i1, o1] = history[history.length - 1];
+    const s = Math.max(0.001, (t1 - t0) / 1000);
+    return [((i1 - i0) / s).toFixed(1), ((o1 - o0) / s).toFixed(1)];
+  })() : ["–", "–"];
+  const cards = el("div", { class: "cards", id: "overview-cards" },
+    card("messages in/s", rate[0]), card("messages out/s", rate[1]),
+    card("messages in", totalIn), card("messages out", totalOut),
+    card("connections", connections.connections.length),
+    card("storage", nodes.form === "merged" ? "embedded" : `${nodes.nodes.length} nodes`));
+  const canvas = el("canvas", { id: "chart", width: 600, height: 140 });
+  draw(canvas);
+  return [
+    el("h2", {}, "Overview"), cards,
+    el("h2", {}, "Messages in (green) and out (blue) per second"), canvas,
+    el("h2", {}, "Per protocol"),
+    table("overview-protocols", ["protocol", "connections", "messages in", "messages out"],
+      [...new Set([...Object.keys(perProtocol), ...Object.keys(connections.per_protocol)])]
+        .sort().map((p) => el("tr", { "data-name": p }, cell(p),
+          cell(connections.per_protocol[p] || 0), cell(perProtocol[p]?.in || 0),
+          cell(perProtocol[p]?.out || 0)))),
+  ];
+}
+
+function card(label, value) {
+  return el("div", { class: "card" }, el("div", {}, label), el("div", { class: "value" }, value));
+}
+
+function draw(canvas) {
+  const ctx = canvas.getContext("2d");
+  const rates = history.slice(1).map((h, i) => {
+    const prev = history[i];
+    const s = Math.max(0.001, (h[0] - prev[0]) / 1000);
+    return [(h[1] - prev[1]) / s, (h[2] - prev[2]) / s];
+  });
+  const top = Math.max(1, ...rates.flat());
+  for (const [index, color] of [[0, "#2e7d32"], [1, "#1565c0"]]) {
+    ctx.strokeStyle = color;
+    ctx.beginPath();
+    rates.forEach((r, i) => {
+      const x = (i / 59) * canvas.width;
+      const y = canvas.height - (r[index] / top) * (canvas.height - 10) - 5;
+      if (i === 0) ctx.moveTo(x, y); else ctx.lineTo(x, y);
+    });
+    ctx.stroke();
+  }
+}
+
+async function topics() {
+  const data = await api("GET", "/admin/topics");
+  const create = el("form", { class: "inline", id: "topic-create", onsubmit: async (e) => {
+    e.preventDefault();
+    const v = values(e.target);
+    await act(`create topic ${v.name}`, () => api("POST", `/admin/topics/${v.namespace}`,
+      { name: v.name, queue_count: Number(v.queue_count || 1) }));
+    route();
+  } }, "New topic", field("namespace", "namespace", "default"), field("name", "name"),
+  field("queue_count", "queues", "1"), el("button", { type: "submit" }, "Create"));
+  const peeked = el("div", { id: "peeked" });
+  const rows = data.topics.map((t) => el("tr", { "data-name": t.name },
+    cell(t.namespace), cell(t.name), cell(t.config.queue_count), cell(t.config.message_type),
+    cell(t.queues.reduce((n, q) => n + q.latest - q.earliest, 0)),
+    el("td", {},
+      el("button", { class: "peek", onclick: async () => {
+        const m = await act("peek", () => api("GET",
+          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages?limit=20`));
+        if (m) peeked.replaceChildren(...messages(`Messages of ${t.name}`, m.messages));
+      } }, "Peek"),
+      el("form", { class: "inline publish", onsubmit: async (e) => {
+        e.preventDefault();
+        await act(`publish to ${t.name}`, () => api("POST",
+          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages`,
+          { body: values(e.target).body }));
+        route();
+      } }, field("body", "test message"), el("button", { type: "submit" }, "Publish")),
+      el("button", { class: "delete", onclick: async () => {
+        if (!confirm(`Delete topic ${t.name} and its messages?`)) return;
+        await act(`delete ${t.name}`, () => api("DELETE",
+          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}`));
+        route();
+      } }, "Delete"))));
+  return [el("h2", {}, "Topics"), create,
+    table("topics-table", ["namespace", "topic", "queues", "type", "messages", ""], rows), peeked];
+}
+
+function messages(title, list) {
+  return [el("h2", {}, title), table("messages-table",
+    ["queue", "offset", "size", "tag", "key", "body", "properties"],
+    list.map((m) => el("tr", {}, cell(m.queue_id), cell(m.offset), cell(m.size), cell(m.tag),
+      cell(m.key), cell(m.body + (m.truncated ? "…" : "")),
+      cell(Object.entries(m.properties).map(([k, v]) => `${k}=${v}`).join(", ")))))];
+}
+
+async function queues() {
+  const data = await api("GET", "/admin/queues");
+  const peeked = el("div", { id: "peeked" });
+  const create = el("form", { class: "inline", id: "queue-create", onsubmit: async (e) => {
+    e.preventDefault();
+    const v = values(e.target);
+    await act(`create queue ${v.name}`, () => api("PUT",
+      `/admin/queues/${v.namespace}/${encodeURIComponent(v.name)}`));
+    route();
+  } }, "New queue", field("namespace", "namespace", "default"), field("name", "name"),
+  el("button", { type: "submit" }, "Create"));
+  const rows = data.queues.map((q) => {
+    const path = `/admin/queues/${q.namespace}/${encodeURIComponent(q.name)}`;
+    return el("tr", { "data-name": q.name },
+      cell(q.namespace), cell(q.name), cell(q.active), cell(q.inactive), cell(q.delayed),
+      el("td", {},
+        el("button", { class: "peek", onclick: async () => {
+          const m = await act("peek", () => api("GET", path + "/messages?limit=20"));
+          if (m) peeked.replaceChildren(...messages(`Messages of ${q.name}`, m.messages));
+        } }, "Peek"),
+        el("button", { class: "purge", onclick: async () => {
+          const r = await act(`purge ${q.name}`, () => api("POST", path + "/purge"));
+          if (r) { status(`purged ${r.purged} messages from ${q.name}`); route(); }
+        } }, "Purge"),
+        el("button", { class: "delete", onclick: async () => {
+          if (!confirm(`Delete queue ${q.name}?`)) return;
+          await act(`delete ${q.name}`, () => api("DELETE", path));
+          route();
+        } }, "Delete")));
+  });
+  return [el("h2", {}, "Queues"), create,
+    table("queues-table", ["namespace", "queue", "active", "inactive", "delayed", ""], rows),
+    peeked];
+}
+
+async function groups() {
+  const data = await api("GET", "/admin/groups");
+  const rows = data.groups.map((g) => {
+    const topicsOf = [...new Set(g.queues.map((q) => q.topic))];
+    return el("tr", { "data-name": g.name },
+      cell(g.namespace), cell(g.name), cell(g.lag),
+      cell(g.queues.map((q) => `${q.topic}[${q.queue_id}] ${q.committed ?? ""}/${q.latest ?? ""}`)
+        .join(", ")),
+      el("td", {}, el("form", { class: "inline reset", onsubmit: async (e) => {
+        e.preventDefault();
+        const v = values(e.target);
+        const body = { topic: v.topic, to: v.to };
+        if (v.to === "offset") body.offset = Number(v.value);
+        if (v.to === "timestamp") body.timestamp_ms = Number(v.value);
+        await act(`reset ${g.name}`, () => api("POST",
+          `/admin/groups/${g.namespace}/${encodeURIComponent(g.name)}/reset-offsets`, body));
+        route();
+      } },
+      el("select", { name: "topic" }, topicsOf.map((t) => el("option", { value: t }, t))),
+      el("select", { name: "to" }, ["earliest", "latest", "offset", "timestamp"]
+        .map((t) => el("option", { value: t }, t))),
+      field("value", "offset / ms"), el("button", { type: "submit" }, "Reset offsets"))));
+  });
+  return [el("h2", {}, "Consumer groups"),
+    el("p", {}, "Stop a group's consumers before resetting its offsets."),
+    table("groups-table", ["namespace", "group", "lag", "queues (committed/latest)", ""], rows)];
+}
+
+async function connections() {
+  const data = await api("GET", "/admin/connections");
+  const rows = data.connections.map((c) => el("tr", { "data-id": c.id },
+    cell(c.id), cell(c.protocol), cell(c.peer), cell(c.user), cell(c.namespace), cell(c.client_id),
+    el("td", {}, el("button", { class: "close", onclick: async () => {
+      await act(`close ${c.id}`, () => api("DELETE", `/admin/connections/${c.id}`));
+      route();
+    } }, "Close"))));
+  return [el("h2", {}, "Connections (this gateway)"),
+    table("connections-table", ["id", "protocol", "peer", "user", "namespace", "client id", ""],
+      rows)];
+}
+
+async function cluster() {
+  const [nodes, gateways] = await Promise.all([
+    api("GET", "/admin/nodes"), api("GET", "/admin/gateways")]);
+  const nodeRows = nodes.nodes.map((n) => el("tr", { "data-name": n.node_id },
+    cell(n.node_id), cell(n.address), cell(n.alive ? "up" : "DOWN"), cell(n.topics),
+    cell(n.load), cell(`${(n.last_seen_ms_ago / 1000).toFixed(1)} s ago`),
+    cell(n.owner ? `${n.owner} (epoch ${n.epoch})` : "")));
+  const gatewayRows = gateways.gateways.map((g) => el("tr", { "data-name": g.gateway_id },
+    cell(g.gateway_id + (g.gateway_id === gateways.self ? " (this one)" : "")), cell(g.zone),
+    cell(g.load), cell(Object.entries(g.endpoints).map(([p, a]) => `${p}=${a}`).join(" "))));
+  return [el("h2", {}, "Storage"),
+    nodes.form === "merged" ? el("p", { id: "storage-form" }, "Merged form: one embedded engine.")
+      : table("nodes-table", ["node", "address", "health", "topics", "load", "last heartbeat",
+        "shard owner"], nodeRows),
+    el("h2", {}, "Gateways"),
+    table("gateways-table", ["gateway", "zone", "load", "endpoints"], gatewayRows)];
+}
+
+async function accounts() {
+  const [data, rules] = await Promise.all([
+    api("GET", "/admin/accounts"), api("GET", "/admin/permissions")]);
+  return [el("h2", {}, `Accounts (auth mode: ${data.mode})`),
+    table("accounts-table", ["user", "admin", "namespaces", "access key", "password", "SCRAM"],
+      data.accounts.map((a) => el("tr", { "data-name": a.user }, cell(a.user),
+        cell(a.admin ? "yes" : ""), cell(a.namespaces.join(", ") || "*"), cell(a.access_key),
+        cell(a.has_password ? "yes" : ""), cell(a.scram.join(", "))))),
+    el("h2", {}, "Permission rules"),
+    table("permissions-table", ["principal", "namespace", "resource", "pattern", "match",
+      "operations", "effect", "source"],
+      rules.rules.map((r) => el("tr", { "data-name": r.key }, cell(r.principal),
+        cell(r.namespace), cell(r.resource), cell(r.pattern), cell(r.match),
+        cell(r.operations.join(",")), cell(r.effect), cell(r.source)))),
+  ];
+}
+
+const pages = { overview, topics, queues, groups, connections, cluster, accounts };
+
+async function route() {
+  clearInterval(timer);
+  const name = (location.hash || "#overview").slice(1);
+  const page = pages[name] || overview;
+  for (const a of document.querySelectorAll("#nav a")) {
+    a.classList.toggle("active", a.getAttribute("href") === `#${name}`);
+  }
+  try {
+    const content = await page();
+    main.replaceChildren(
+      el("p", { id: "status", class: lastStatus[1] ? "error" : null }, lastStatus[0]),
+      ...content.flat());
+    main.dataset.page = name;
+    main.dataset.loaded = String(Date.now());
+  } catch (e) {
+    if (!loginForm.hidden) return;
+    main.replaceChildren(el("p", { class: "error", id: "status" }, e.message));
+  }
+  if (name === "overview") timer = setInterval(route, 2000);
+}
+
+window.addEventListener("hashchange", route);
+route();

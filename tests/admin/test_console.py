@@ -1,0 +1,236 @@
+"""The web console (/console) in headless Chromium from Debian's packages (make
+chromium), driven by Selenium through the system's chromedriver, against a live
+gateway in accounts mode with traffic, in both forms. Each page is loaded after an
+admin login and checked against the admin API; the console's actions (create a
+topic, publish, peek, purge a queue, reset a group's offsets, close a connection)
+are checked through real clients. A screenshot of every page is written to
+build/console-screenshots/<form>/ for a person to look at."""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+import shutil
+import socket
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from kafka import KafkaConsumer
+from mns.account import Account
+from mns.mns_exception import MNSServerException
+from mns.queue import Message as MnsMessage
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from polymq.gateway.admin_cli import run
+from tests.admin.test_admin_cli import ACCOUNTS, NS, PASSWORD, kafka, produce, url
+from tests.live_server import LiveServer, live_server, server_config
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = shutil.which("chromium")
+CHROMEDRIVER = shutil.which("chromedriver")
+WAIT_S = 30.0
+ADMIN = ("ops", PASSWORD)
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None,
+    reason="no chromium/chromedriver: `make chromium` installs them (make test does)",
+)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
+    data = tmp_path_factory.mktemp("console")
+    config = dataclasses.replace(server_config(data, ("http", "kafka")), auth=ACCOUNTS)
+    with live_server(data, ("http", "kafka"), config=config) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[WebDriver]:
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1280,900"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(
+        options=options, service=webdriver.ChromeService(executable_path=str(CHROMEDRIVER))
+    )
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def api(server: LiveServer, path: str) -> Any:
+    return httpx.get(url(server) + path, auth=ADMIN, timeout=WAIT_S).json()
+
+
+def until(browser: WebDriver, check: Callable[[WebDriver], Any]) -> Any:
+    return WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(check)
+
+
+def goto(browser: WebDriver, page: str) -> None:
+    """Show ``page`` and wait until it has been drawn afresh."""
+    before = browser.execute_script("return document.getElementById('main').dataset.loaded")
+    browser.execute_script(
+        "if (location.hash === arguments[0])"
+        " window.dispatchEvent(new HashChangeEvent('hashchange'));"
+        " else location.hash = arguments[0];",
+        f"#{page}",
+    )
+    until(
+        browser,
+        lambda d: d.execute_script(
+            "const m = document.getElementById('main');"
+            "return m.dataset.page === arguments[0] && m.dataset.loaded !== arguments[1];",
+            page,
+            before,
+        ),
+    )
+
+
+def row(browser: WebDriver, table: str, name: str) -> Any:
+    return browser.find_element(By.CSS_SELECTOR, f"#{table} tr[data-name='{name}']")
+
+
+def cells(browser: WebDriver, table: str, name: str) -> list[str]:
+    return [td.text for td in row(browser, table, name).find_elements(By.TAG_NAME, "td")]
+
+
+def shoot(browser: WebDriver, form: str, page: str) -> None:
+    folder = ROOT / "build" / "console-screenshots" / form
+    folder.mkdir(parents=True, exist_ok=True)
+    assert browser.save_screenshot(str(folder / f"{page}.png"))
+
+
+def status_says(browser: WebDriver, text: str) -> None:
+    until(
+        browser,
+        lambda d: text in d.execute_script("return document.getElementById('status').textContent"),
+    )
+
+
+def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_form: str) -> None:
+    env = {"POLYMQ_ADMIN_USER": "ops", "POLYMQ_ADMIN_PASSWORD": PASSWORD}
+    for argv in (["topics", "create", "orders", "-n", NS], ["queues", "create", "jobs", "-n", NS]):
+        assert run(["--url", url(server), *argv], env, io.StringIO()) == 0
+    produce(server, "orders", [b"o1", b"o2", b"o3"])
+    consumer = KafkaConsumer(
+        "orders", group_id="billing", auto_offset_reset="earliest", **kafka(server)
+    )
+    got = 0
+    deadline = time.monotonic() + WAIT_S
+    while got < 3 and time.monotonic() < deadline:
+        got += sum(len(r) for r in consumer.poll(timeout_ms=500).values())
+    consumer.commit()
+    consumer.close()
+    queue = Account(url(server), "guest-ak", "guest-sk").get_queue("jobs")
+    for i in range(2):
+        queue.send_message(MnsMessage(f"job {i}"))
+
+    # Sign in: the console asks for credentials in accounts mode.
+    browser.get(url(server) + "/console/")
+    until(browser, lambda d: d.find_element(By.ID, "login").is_displayed())
+    browser.find_element(By.ID, "login-user").send_keys("ops")
+    browser.find_element(By.ID, "login-password").send_keys(PASSWORD)
+    browser.find_element(By.ID, "login-submit").click()
+    until(browser, lambda d: d.find_element(By.ID, "main").get_attribute("data-page"))
+    goto(browser, "overview")
+    assert cells(browser, "overview-protocols", "kafka")[0] == "kafka"
+    shoot(browser, server_form, "overview")
+
+    # Topics: what the API says; create, publish and peek through the page.
+    goto(browser, "topics")
+    [orders] = [t for t in api(server, "/admin/topics")["topics"] if t["name"] == "orders"]
+    assert cells(browser, "topics-table", "orders")[4] == str(orders["queues"][0]["latest"]) == "3"
+    form = browser.find_element(By.ID, "topic-create")
+    form.find_element(By.NAME, "namespace").clear()
+    form.find_element(By.NAME, "namespace").send_keys(NS)
+    form.find_element(By.NAME, "name").send_keys("from-browser")
+    form.find_element(By.TAG_NAME, "button").click()
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-name='from-browser']"))
+    publish = row(browser, "topics-table", "from-browser").find_element(By.CSS_SELECTOR, ".publish")
+    publish.find_element(By.NAME, "body").send_keys("hello from the browser")
+    publish.find_element(By.TAG_NAME, "button").click()
+    status_says(browser, "publish to from-browser: done")
+    reader = KafkaConsumer(
+        "from-browser", auto_offset_reset="earliest", consumer_timeout_ms=5000, **kafka(server)
+    )
+    assert [r.value for r in reader] == [b"hello from the browser"]
+    reader.close()
+    row(browser, "topics-table", "orders").find_element(By.CSS_SELECTOR, ".peek").click()
+    until(browser, lambda d: "o3" in d.find_element(By.ID, "messages-table").text)
+    shoot(browser, server_form, "topics")
+
+    # Queues: depth as the API says; purge leaves the SDK nothing.
+    goto(browser, "queues")
+    assert cells(browser, "queues-table", "jobs")[2] == "2"
+    row(browser, "queues-table", "jobs").find_element(By.CSS_SELECTOR, ".peek").click()
+    body = base64.b64encode(b"job 0").decode()  # the SDK's bodies are base64 text
+    until(browser, lambda d: body in d.find_element(By.ID, "messages-table").text)
+    shoot(browser, server_form, "queues")
+    row(browser, "queues-table", "jobs").find_element(By.CSS_SELECTOR, ".purge").click()
+    status_says(browser, "purged 2 messages from jobs")
+    with pytest.raises(MNSServerException):
+        queue.receive_message(0)
+
+    # Groups: reset to earliest, and the group reads everything again.
+    goto(browser, "groups")
+    assert cells(browser, "groups-table", "billing")[2] == "0"
+    reset = row(browser, "groups-table", "billing").find_element(By.CSS_SELECTOR, ".reset")
+    Select(reset.find_element(By.NAME, "to")).select_by_value("earliest")
+    reset.find_element(By.TAG_NAME, "button").click()
+    status_says(browser, "reset billing: done")
+    until(browser, lambda d: cells(d, "groups-table", "billing")[2] == "3")
+    shoot(browser, server_form, "groups")
+    again = KafkaConsumer("orders", group_id="billing", auto_offset_reset="latest", **kafka(server))
+    values: list[bytes] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(values) < 3 and time.monotonic() < deadline:
+        for records in again.poll(timeout_ms=500).values():
+            values.extend(r.value for r in records)
+    again.close()
+    assert values == [b"o1", b"o2", b"o3"]
+
+    # Connections: close a raw socket's connection from the page.
+    with socket.create_connection(server.address("kafka"), timeout=WAIT_S) as sock:
+        peer = "{}:{}".format(*sock.getsockname())
+
+        def listed() -> list[dict[str, Any]]:
+            shown = api(server, "/admin/connections")["connections"]
+            return [c for c in shown if c["peer"] == peer]
+
+        deadline = time.monotonic() + WAIT_S
+        while not listed():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        [mine] = listed()
+        goto(browser, "connections")
+        shoot(browser, server_form, "connections")
+        button = browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] .close")
+        button.click()
+        status_says(browser, f"close {mine['id']}: done")
+        assert sock.recv(1) == b""
+
+    # Cluster and accounts: what the API says.
+    goto(browser, "cluster")
+    nodes = api(server, "/admin/nodes")
+    if nodes["form"] == "merged":
+        assert "Merged form" in browser.find_element(By.ID, "storage-form").text
+    else:
+        for node in nodes["nodes"]:
+            assert cells(browser, "nodes-table", node["node_id"])[2] == "up"
+    gateways = api(server, "/admin/gateways")["gateways"]
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#gateways-table tbody tr")) == len(gateways)
+    shoot(browser, server_form, "cluster")
+    goto(browser, "accounts")
+    assert cells(browser, "accounts-table", "ops")[1] == "yes"
+    assert PASSWORD not in browser.page_source
+    shoot(browser, server_form, "accounts")
