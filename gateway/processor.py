@@ -330,13 +330,14 @@ class Processor:
         self._record_out(namespace, caller, messages)
         return messages
 
-    async def ack(self, caller: Caller, group: str, receipt: str) -> None:
-        await self._storage.ack(self._check(caller), group, receipt)
+    async def ack(self, caller: Caller, group: str, receipt: str, *, durable: bool = True) -> None:
+        """``durable``: see :meth:`storage.api.StorageAPI.ack`."""
+        await self._storage.ack(self._check(caller), group, receipt, durable=durable)
 
     async def ack_many(
-        self, caller: Caller, group: str, receipts: Sequence[str]
+        self, caller: Caller, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
-        return await self._storage.ack_many(self._check(caller), group, receipts)
+        return await self._storage.ack_many(self._check(caller), group, receipts, durable=durable)
 
     async def nack(self, caller: Caller, group: str, receipt: str, *, delay_ms: int = 0) -> None:
         await self._storage.nack(self._check(caller), group, receipt, delay_ms=delay_ms)

@@ -267,17 +267,23 @@ class StorageAPI(Protocol):
         A caller may cancel a pop at any time without losing or delaying messages."""
         ...
 
-    async def ack(self, namespace: str, group: str, receipt: str) -> None:
+    async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         """Remove a popped message for the group. Raises ``InvalidReceipt`` if the
-        receipt is stale (acked already, or handed out again since)."""
+        receipt is stale (acked already, or handed out again since).
+
+        ``durable=False`` (an ack nobody is answered for, as AMQP's ``basic.ack``)
+        returns once the ack is written: fsynced with the next group commit that
+        needs one or within the flush interval, so a crash of the machine before that
+        may deliver the message again (at least once still holds)."""
         ...
 
     async def ack_many(
-        self, namespace: str, group: str, receipts: Sequence[str]
+        self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
         """Ack several messages with one durable write (RocketMQ's batch AckMessage,
         MNS BatchDeleteMessage, AMQP ``multiple``). Per receipt: ``None`` when acked,
-        else the error code (``InvalidReceipt.code``) of why not."""
+        else the error code (``InvalidReceipt.code``) of why not. ``durable``: as
+        for :meth:`ack`."""
         ...
 
     async def change_invisibility(

@@ -488,15 +488,15 @@ class ClusterStorage:
             list(split.items()), ask, overflow=self._overflow, rotation=self._rotation
         )
 
-    async def ack(self, namespace: str, group: str, receipt: str) -> None:
+    async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         node = self._router.receipt_node(receipt)
         try:
-            await node.client.ack(namespace, group, receipt[len(node.prefix) :])
+            await node.client.ack(namespace, group, receipt[len(node.prefix) :], durable=durable)
         except StorageUnavailable as exc:
             raise node.unreachable(exc) from exc
 
     async def ack_many(
-        self, namespace: str, group: str, receipts: Sequence[str]
+        self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
         """Per node, one call each, at once. A receipt of a node that is down gets
         ``storage_unavailable`` (its message comes back after its invisibility)."""
@@ -511,11 +511,11 @@ class ClusterStorage:
                 size = len(prefix)
                 try:
                     return await node.client.ack_many(
-                        namespace, group, [r[size:] for r in receipts]
+                        namespace, group, [r[size:] for r in receipts], durable=durable
                     )
                 except StorageUnavailable as exc:
                     raise node.unreachable(exc) from exc
-        return await ack_spread(self._routes, namespace, group, receipts)
+        return await ack_spread(self._routes, namespace, group, receipts, durable=durable)
 
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int

@@ -237,7 +237,12 @@ async def _settle(
 
 
 async def ack_spread(
-    routes: RouteCache, namespace: str, group: str, receipts: Sequence[str]
+    routes: RouteCache,
+    namespace: str,
+    group: str,
+    receipts: Sequence[str],
+    *,
+    durable: bool = True,
 ) -> list[str | None]:
     """Ack receipts of several nodes: per node, one call each, at once. A receipt of a
     node that is down gets ``storage_unavailable`` (its message comes back after its
@@ -256,7 +261,9 @@ async def ack_spread(
     nodes = list(split)
     answers = await asyncio.gather(
         *(
-            n.client.ack_many(namespace, group, [receipts[i][len(n.prefix) :] for i in split[n]])
+            n.client.ack_many(
+                namespace, group, [receipts[i][len(n.prefix) :] for i in split[n]], durable=durable
+            )
             for n in nodes
         ),
         return_exceptions=True,

@@ -245,14 +245,15 @@ class RemoteStorage:
             ),
         )
 
-    async def ack(self, namespace: str, group: str, receipt: str) -> None:
-        await self._rpc.call("ack", namespace, group, receipt)
+    async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
+        await self._rpc.call("ack", namespace, group, receipt, durable=durable)
 
     async def ack_many(
-        self, namespace: str, group: str, receipts: Sequence[str]
+        self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
         return cast(
-            list[str | None], await self._rpc.call("ack_many", namespace, group, list(receipts))
+            list[str | None],
+            await self._rpc.call("ack_many", namespace, group, list(receipts), durable=durable),
         )
 
     async def change_invisibility(

@@ -675,7 +675,10 @@ class Channel:
                 errors.PRECONDITION_FAILED, f"unknown delivery tag {delivery_tag}", 60, method_id
             )
 
-    async def _ack(self, taken: Sequence[Delivery]) -> None:
+    async def _ack(self, taken: Sequence[Delivery], *, durable: bool = False) -> None:
+        """``basic.ack`` has no reply, so nobody waits for its fsync: written, and
+        fsynced with the next group commit (docs/performance.md); a ``tx.commit``
+        answers for its acks, so it waits (``durable``)."""
         by_group: dict[str, list[str]] = {}
         for delivery in taken:
             if delivery.stored.receipt is not None:
@@ -684,13 +687,13 @@ class Channel:
         for group, receipts in by_group.items():
             if len(receipts) == 1:
                 try:
-                    await processor.ack(caller, group, receipts[0])
+                    await processor.ack(caller, group, receipts[0], durable=durable)
                 except InvalidReceipt:  # purged or deleted meanwhile
                     pass
                 except ShardAway as e:  # comes again (redelivered) once its shard is back
                     log.info("amqp: an ack waits for its redelivery, shard away: %s", e)
             else:
-                await processor.ack_many(caller, group, receipts)
+                await processor.ack_many(caller, group, receipts, durable=durable)
 
     async def _basic_nack(self, method: commands.Basic.Nack) -> None:
         taken = self._take(method.delivery_tag, method.multiple, 120)
@@ -750,7 +753,7 @@ class Channel:
         acks, self._tx_acks = self._tx_acks, []
         await self.publisher.publish(publishes)
         for delivery_tag, multiple in acks:
-            await self._ack(self._take(delivery_tag, multiple, 80))
+            await self._ack(self._take(delivery_tag, multiple, 80), durable=True)
         self.send(commands.Tx.CommitOk())
 
     async def _tx_rollback(self, method: commands.Tx.Rollback) -> None:

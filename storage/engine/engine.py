@@ -273,13 +273,13 @@ class Engine(Service):
             namespace, group, queues, max_messages, invisible_ms, wait_ms, tags, durable
         )
 
-    async def ack(self, namespace: str, group: str, receipt: str) -> None:
-        await self._pops.ack(namespace, group, receipt)
+    async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
+        await self._pops.ack(namespace, group, receipt, durable=durable)
 
     async def ack_many(
-        self, namespace: str, group: str, receipts: Sequence[str]
+        self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
-        return await self._pops.ack_many(namespace, group, receipts)
+        return await self._pops.ack_many(namespace, group, receipts, durable=durable)
 
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int

@@ -49,11 +49,13 @@ class Pops(EnginePart):
 
     # ------------------------------------------------------------------ applying records
 
-    def _ack_now(self, group: str, topic_id: int, queue_id: int, offset: int) -> None:
+    def _ack_now(
+        self, group: str, topic_id: int, queue_id: int, offset: int, *, durable: bool = True
+    ) -> None:
         """Log and apply an ack, through the same function a replay uses."""
         record = rec.Ack(group, topic_id, queue_id, offset)
         self._state.apply_ack(record)
-        self._core.record(record)
+        self._core.record(record, durable=durable)
 
     def _hand_out_now(
         self,
@@ -336,16 +338,23 @@ class Pops(EnginePart):
             )
         return topic, qid, offset, cursor, state
 
-    async def ack(self, namespace: str, group: str, receipt: str) -> None:
+    async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         await self._core.writable()
         topic, qid, offset, _, _ = self._inflight_for(namespace, group, receipt)
-        self._ack_now(group, topic.id, qid, offset)
+        self._ack_now(group, topic.id, qid, offset, durable=durable)
         if self._is_fifo(namespace, group):
             topic.queues[qid].wake()
-        await self._log.wait_durable()
+        await self._settled(durable)
+
+    async def _settled(self, durable: bool) -> None:
+        """Wait for the acks just logged: fsynced, or (``durable=False``) written."""
+        if durable:
+            await self._log.wait_durable()
+        else:
+            await self._log.wait_written()
 
     async def ack_many(
-        self, namespace: str, group: str, receipts: Sequence[str]
+        self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
     ) -> list[str | None]:
         await self._core.writable()
         outcomes: list[str | None] = []
@@ -356,13 +365,13 @@ class Pops(EnginePart):
             except InvalidReceipt as exc:
                 outcomes.append(exc.code)
                 continue
-            self._ack_now(group, topic.id, qid, offset)
+            self._ack_now(group, topic.id, qid, offset, durable=durable)
             acked.add(topic.queues[qid])
             outcomes.append(None)
         if self._is_fifo(namespace, group):
             for queue in acked:
                 queue.wake()
-        await self._log.wait_durable()
+        await self._settled(durable)
         return outcomes
 
     async def change_invisibility(

@@ -108,3 +108,28 @@ async def test_a_non_durable_append_returns_readable_beside_a_durable_one(
         assert [m.offset for m in read.messages] == [placement.offset]
     held.set()
     await asyncio.wait_for(asyncio.gather(durable, transient), WAIT_S)
+
+
+async def test_a_non_durable_ack_returns_without_waiting_for_an_fsync(
+    storage: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AMQP's ``basic.ack`` has no reply: its ack is written, not waited on for its
+    fsync (held here until the end), and fsynced with the next group commit."""
+    await storage.create_topic("default", "t")
+    ref = QueueRef("default", "t", 0)
+    await storage.append([AppendRequest(entry=Message(body=b"m"), queues=(ref,))])
+    [popped] = await storage.pop("default", "g", [ref], invisible_ms=60_000)
+    held, real = threading.Event(), os.fdatasync
+
+    def fdatasync(fd: int) -> None:
+        held.wait(WAIT_S)
+        real(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    try:
+        await asyncio.wait_for(
+            storage.ack("default", "g", popped.receipt or "", durable=False), WAIT_S / 3
+        )
+        assert await storage.inflight_count("default", "g", ref) == 0
+    finally:
+        held.set()
