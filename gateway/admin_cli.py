@@ -458,7 +458,8 @@ def _namespace_flag(p: argparse.ArgumentParser, default: str | None = "default")
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="polymq admin",
-        description=__doc__.split("\n\n")[0] if __doc__ else None,
+        description="Manage a running polymq through its admin API (docs/admin.md), in the "
+        "manner of rabbitmqctl, kafka-topics, kafka-consumer-groups and mqadmin.",
         epilog=f"Where and who: --url/--user/--password, else {_ENV_URL}, {_ENV_USER}, "
         f"{_ENV_PASSWORD}, else a TOML file (url, user, password): --admin-config, "
         f"{_ENV_CONFIG} or {_DEFAULT_CONFIG}. Default URL {DEFAULT_URL}.",
