@@ -166,6 +166,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--log-level", choices=("debug", "info", "warning", "error"), default="info")
     up.add_argument(
+        "--log-format", choices=("text", "json"), default="text", help="every process's [text]"
+    )
+    up.add_argument(
         "--replicas",
         type=int,
         choices=(1, 3),

@@ -86,6 +86,7 @@ def layout(
     host: str = "127.0.0.1",
     port_offset: int | None = 100,
     log_level: str = "info",
+    log_format: str = "text",
     extra_gateway_args: Sequence[str] = (),
     replicas: int = 1,
     nats_sync_always: bool = False,
@@ -105,7 +106,7 @@ def layout(
     def port(default: int, i: int, step: int) -> str:
         return "0" if port_offset is None else str(default + i * step)
 
-    common = ("--host", host, "--log-level", log_level)
+    common = ("--host", host, "--log-level", log_level, "--log-format", log_format)
     specs = [
         ProcessSpec("nameserver", ("nameserver", *common, "--port", port(9876, 0, 0))),
         ProcessSpec("navigation", ("navigation", *common, "--port", port(8090, 0, 0))),
@@ -560,6 +561,7 @@ def up(args: argparse.Namespace) -> int:
         host=args.host,
         port_offset=args.port_offset or None,  # 0: every port any free one
         log_level=args.log_level,
+        log_format=args.log_format,
         replicas=args.replicas,
         nats_sync_always=args.nats_sync == "always",
     )

@@ -23,6 +23,8 @@ from typing import Any
 import httpx
 import pytest
 
+from polymq.gateway.cluster_tool import layout
+
 ROOT = Path(__file__).resolve().parents[2]
 PASSWORD = "pw-" + uuid.uuid4().hex  # unique: any occurrence in the log is a leak
 WRONG = "wrong-" + uuid.uuid4().hex
@@ -143,3 +145,10 @@ def test_json_lines_name_connections_and_accounts_and_never_a_password(server: P
     assert PASSWORD not in logged and WRONG not in logged
     for line in server.lines:
         json.loads(line)
+
+
+def test_cluster_up_passes_the_format_to_every_process(tmp_path: Path) -> None:
+    specs = layout(storage=1, gateways=1, data_dir=tmp_path, port_offset=None, log_format="json")
+    for spec in specs:
+        args = list(spec.args)
+        assert args[args.index("--log-format") + 1] == "json", spec
