@@ -161,6 +161,9 @@ def test_group_describe_and_reset_offsets_make_a_consumer_read_again(server: Liv
         for records in consume_and_commit_end.poll(timeout_ms=500).values():
             got.extend(r.value for r in records)
     consume_and_commit_end.commit()
+    # While it runs, the group's stable generation names it as a member.
+    members = admin(server, "groups", "describe", "billing", "-n", NS)["members"]
+    assert [m["client_id"][:12] for m in members] == ["kafka-python"]
     consume_and_commit_end.close()
     assert got == [b"a", b"b", b"c"]
 
