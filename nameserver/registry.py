@@ -73,7 +73,7 @@ class _Pending:
 def _routing(table: RouteTable) -> tuple[object, ...]:
     """What gateways route by: not load figures or last-seen times."""
     return (
-        [(n.node_id, n.host, n.port) for n in table.nodes],
+        [(n.node_id, n.host, n.port, n.alive) for n in table.nodes],
         table.topics,
         table.homes,
     )
@@ -156,6 +156,7 @@ class Registry:
         self._version = self._first_version
         self._warm_until_ms = started_ms + warmup_ms if warmup_ms > 0 else None
         self._conflicts: frozenset[tuple[str, ...]] = frozenset()
+        self._dead_holders: frozenset[str] = frozenset()  # dead nodes still routed to
         self._table = self._build()
 
     # -- heartbeats and expiry -------------------------------------------------------
@@ -356,12 +357,21 @@ class Registry:
         fetching routes for another reason gets them; no version bump)."""
         table = self._table
         return RouteTable(
-            version=table.version, nodes=self._live_nodes(), topics=table.topics, homes=table.homes
+            version=table.version,
+            nodes=self._routed_nodes(),
+            topics=table.topics,
+            homes=table.homes,
         )
 
-    def _live_nodes(self) -> tuple[NodeStatus, ...]:
-        live = (n.status() for n in self._nodes.values() if n.alive)
-        return tuple(sorted(live, key=lambda s: s.node_id))
+    def _routed_nodes(self) -> tuple[NodeStatus, ...]:
+        """The live nodes, and the dead ones still holding a routed topic or home
+        (``alive`` False)."""
+        routed = (
+            n.status()
+            for n in self._nodes.values()
+            if n.alive or n.heartbeat.node_id in self._dead_holders
+        )
+        return tuple(sorted(routed, key=lambda s: s.node_id))
 
     def _build(self) -> RouteTable:
         topics: dict[TopicKey, str] = {}
@@ -380,12 +390,29 @@ class Registry:
                 owner = homes.setdefault(namespace, node_id)
                 if owner != node_id:
                     conflicts.add(("home", namespace, owner, node_id))
+        # A dead node's topics and homes stay routed to it, listed as dead, unless a
+        # live node reports them: a gateway (even one started since) answers
+        # "unavailable, retry" for them, never "no such topic", which is a wrong
+        # answer while a shard is between owners and would invite creating the topic
+        # again (placement sends it to the dead holder anyway).
+        dead_holders: set[str] = set()
+        for node in sorted(self._nodes.values(), key=lambda n: n.heartbeat.node_id):
+            if node.alive:
+                continue
+            node_id = node.heartbeat.node_id
+            for key in node.heartbeat.topics:
+                if topics.setdefault(key, node_id) == node_id:
+                    dead_holders.add(node_id)
+            for namespace in node.heartbeat.homes:
+                if homes.setdefault(namespace, node_id) == node_id:
+                    dead_holders.add(node_id)
         new = frozenset(conflicts) - self._conflicts
         for conflict in sorted(new):
             log.warning(
                 "%s reported by two nodes, routed to %s: %s", conflict[0], conflict[-2], conflict
             )
         self._conflicts = frozenset(conflicts)
+        self._dead_holders = frozenset(dead_holders)
         return RouteTable(
-            version=self._version, nodes=self._live_nodes(), topics=topics, homes=homes
+            version=self._version, nodes=self._routed_nodes(), topics=topics, homes=homes
         )

@@ -150,16 +150,23 @@ class RouteCache:
         replaced: list[NodeClient] = []
         listed: set[str] = set()
         for status in table.nodes:
+            if not status.alive:  # dead, still holding routed topics: routed to, down
+                node = self.nodes.get(status.node_id)
+                if node is None:
+                    node = self.nodes[status.node_id] = Node(status, self._connect(status))
+                    node.alive = False
+                    log.info("storage node %s (down) at %s:%d", *_where(status))
+                continue
             listed.add(status.node_id)
             node = self.nodes.get(status.node_id)
             if node is None:
                 node = self.nodes[status.node_id] = Node(status, self._connect(status))
-                log.info("storage node %s at %s:%d", status.node_id, status.host, status.port)
+                log.info("storage node %s at %s:%d", *_where(status))
             elif (node.status.host, node.status.port) != (status.host, status.port):
                 replaced.append(node.client)
                 node.client = self._connect(status)
                 node.synced_groups.clear()
-                log.info("storage node %s moved to %s:%d", node.node_id, status.host, status.port)
+                log.info("storage node %s moved to %s:%d", *_where(status))
             elif not node.alive:
                 node.synced_groups.clear()  # configs set while it was away never reached it
                 log.info("storage node %s is back", node.node_id)
@@ -196,3 +203,7 @@ class RouteCache:
         self.homes = homes
         self.version = table.version
         return replaced
+
+
+def _where(status: NodeStatus) -> tuple[str, str, int]:
+    return status.node_id, status.host, status.port

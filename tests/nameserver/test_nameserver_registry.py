@@ -96,7 +96,10 @@ def test_load_figures_refresh_without_a_version_bump() -> None:
     assert table.nodes[0].last_seen_ms == T0 + 10
 
 
-def test_a_silent_node_leaves_the_routes_and_comes_back() -> None:
+def test_a_silent_node_stays_routed_as_dead_and_comes_back() -> None:
+    """A dead node's topics and home stay routed to it, the node listed as dead: a
+    gateway started since answers "unavailable" for them, not "no such topic" (a wrong
+    answer while a shard of the replicated pool is between owners)."""
     registry = Registry(node_expiry_ms=EXPIRY)
     registry.heartbeat(beat("a", topics=(("ns", "t1"),), homes=("ns",)), T0)
     registry.heartbeat(beat("b", topics=(("ns", "t2"),)), T0)
@@ -107,19 +110,20 @@ def test_a_silent_node_leaves_the_routes_and_comes_back() -> None:
     assert registry.version > before
     table = registry.routes(0)
     assert table is not None
-    assert [n.node_id for n in table.nodes] == ["b"]
-    assert table.topics == {("ns", "t2"): "b"}
-    assert table.homes == {}
+    assert [(n.node_id, n.alive) for n in table.nodes] == [("a", False), ("b", True)]
+    assert table.topics == {("ns", "t1"): "a", ("ns", "t2"): "b"}
+    assert table.homes == {"ns": "a"}
     status = registry.status()
     assert {(n.node_id, n.alive) for n in status.nodes} == {("a", False), ("b", True)}
     # Expiring again changes nothing.
     dead_version = registry.version
     assert registry.expire(T0 + EXPIRY + 2) == ()
     assert registry.version == dead_version
-    # It heartbeats again: back in the routes.
+    # It heartbeats again: back in the routes, alive.
     registry.heartbeat(beat("a", topics=(("ns", "t1"),), homes=("ns",)), T0 + EXPIRY + 3)
     table = registry.routes(dead_version)
     assert table is not None
+    assert [(n.node_id, n.alive) for n in table.nodes] == [("a", True), ("b", True)]
     assert table.topics == {("ns", "t1"): "a", ("ns", "t2"): "b"}
     assert table.homes == {"ns": "a"}
 
@@ -398,3 +402,15 @@ def test_a_shard_moved_to_a_new_owner_ignores_the_deposed_owners_beats() -> None
     table = registry.routes(0)
     assert table is not None
     assert [(n.node_id, n.port) for n in table.nodes] == [("shard-1", 10921)]
+
+
+def test_a_dead_node_without_routed_topics_is_not_listed() -> None:
+    registry = Registry(node_expiry_ms=EXPIRY)
+    registry.heartbeat(beat("a", topics=(("ns", "t"),)), T0)
+    registry.heartbeat(beat("b", topics=(("ns", "t"),)), T0 + EXPIRY)  # t goes to a
+    assert registry.expire(T0 + EXPIRY + 1) == ("a",)
+    table = registry.routes(0)
+    assert table is not None
+    # b reports t now that a is dead: routed to b, and a holds nothing routed.
+    assert [(n.node_id, n.alive) for n in table.nodes] == [("b", True)]
+    assert table.topics == {("ns", "t"): "b"}

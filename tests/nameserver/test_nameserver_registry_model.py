@@ -19,7 +19,7 @@ HOMES = ("ns", "other")
 
 def shape(table: RouteTable) -> tuple[object, ...]:
     """What a gateway's routing depends on: not load figures or last-seen times."""
-    nodes = tuple((n.node_id, n.host, n.port) for n in table.nodes)
+    nodes = tuple((n.node_id, n.host, n.port, n.alive) for n in table.nodes)
     return nodes, sorted(table.topics.items()), sorted(table.homes.items())
 
 
@@ -80,19 +80,24 @@ class RegistryModel(RuleBasedStateMachine):
 
     @invariant()
     def routes_are_what_live_nodes_report(self) -> None:
+        """Live nodes' reports first (the lowest id wins a key two report), then what
+        only dead nodes report, routed to the dead holder, listed as dead."""
         table = self.registry.routes(0)
         assert table is not None
         live = sorted(n for n in self.last_beat if self._alive(n))
-        assert [n.node_id for n in table.nodes] == live
+        dead = sorted(n for n in self.last_beat if not self._alive(n))
         expected: dict[TopicKey, str] = {}
         homes: dict[str, str] = {}
-        for node in live:  # sorted: the lowest id wins a key two nodes report
+        for node in [*live, *dead]:
             for topic in self.last_beat[node].topics:
                 expected.setdefault(topic, node)
             for home in self.last_beat[node].homes:
                 homes.setdefault(home, node)
         assert table.topics == expected
         assert table.homes == homes
+        holders = set(expected.values()) | set(homes.values())
+        listed = sorted([*live, *(n for n in dead if n in holders)])
+        assert [(n.node_id, n.alive) for n in table.nodes] == [(n, n in live) for n in listed]
 
     @invariant()
     def the_version_moves_exactly_when_the_routes_do(self) -> None:

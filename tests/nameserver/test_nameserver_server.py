@@ -94,14 +94,17 @@ async def test_silent_nodes_expire() -> None:
         await client.heartbeat(beat("b", "t2"))
         clock.advance(600)  # a silent for 1200 ms, b for 600
 
-        async def a_gone() -> bool:
+        async def a_dead() -> bool:
             table = await client.routes(0)
-            return table is not None and [n.node_id for n in table.nodes] == ["b"]
+            return table is not None and [(n.node_id, n.alive) for n in table.nodes] == [
+                ("a", False),
+                ("b", True),
+            ]
 
-        await eventually(a_gone)
+        await eventually(a_dead)
         table = await client.routes(0)
         assert table is not None
-        assert table.topics == {("ns", "t2"): "b"}
+        assert table.topics == {("ns", "t1"): "a", ("ns", "t2"): "b"}  # a's: down, not gone
         status = await client.status()
         assert {(n.node_id, n.alive) for n in status.nodes} == {("a", False), ("b", True)}
 

@@ -249,6 +249,35 @@ async def test_not_found_becomes_unavailable_while_a_node_that_may_hold_it_is_do
     assert result is not None and [p.queue for p in result.placements] == [queues["n2"]]
 
 
+async def test_a_client_started_while_a_node_is_down_finds_its_topics_unavailable(
+    pool: Pool, cluster: ClusterStorage
+) -> None:
+    """A gateway started since the node died never routed to its topics: they are
+    "unavailable, retry" there too, never "no such topic" (a wrong answer while a shard
+    of the replicated pool is between owners, and an invitation to create it again)."""
+    queues = await _spread(pool, cluster)
+    down = queues["n2"]
+    await cluster.refresh()  # n2 heartbeats with its topic
+    pool.by_id["n2"].down = True
+    await cluster.refresh()
+    fresh = pool.cluster()
+    await fresh.start()
+    try:
+        for call in (
+            fresh.describe_topic(NS, down.topic),
+            fresh.read(down, 0),
+            fresh.pop(NS, "g", [down]),
+        ):
+            with pytest.raises(StorageUnavailable, match="n2"):
+                await call
+        assert await _bodies(fresh, queues["n1"]) == [queues["n1"].topic.encode()]
+        pool.by_id["n2"].down = False
+        await fresh.refresh()
+        assert await _bodies(fresh, down) == [down.topic.encode()]
+    finally:
+        await fresh.close()
+
+
 async def test_concurrent_misses_share_one_route_fetch(pool: Pool, cluster: ClusterStorage) -> None:
     other = pool.cluster(refresh_ms=60_000)
     await other.start()
