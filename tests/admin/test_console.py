@@ -25,6 +25,7 @@ from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message as MnsMessage
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
@@ -73,7 +74,11 @@ def api(server: LiveServer, path: str) -> Any:
 
 
 def until(browser: WebDriver, check: Callable[[WebDriver], Any]) -> Any:
-    return WebDriverWait(browser, WAIT_S, poll_frequency=0.1).until(check)
+    """Wait for ``check``; a table the page redrew while it was read is read again."""
+    wait = WebDriverWait(
+        browser, WAIT_S, poll_frequency=0.1, ignored_exceptions=(StaleElementReferenceException,)
+    )
+    return wait.until(check)
 
 
 def goto(browser: WebDriver, page: str) -> None:

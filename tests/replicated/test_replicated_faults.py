@@ -97,7 +97,13 @@ class Queue:
         self.sent = 0
 
     async def create(self, pool: ReplicatedPool) -> str:
-        assert (await self.client.put(f"/queues/{self.name}")).status_code == 201
+        # 503 is the retryable answer while the gateway's routes still hold a node the
+        # previous test stopped (soft state, refreshed from the nameserver).
+        deadline = time.monotonic() + _TIMEOUT_S
+        while (reply := await self.client.put(f"/queues/{self.name}")).status_code == 503:
+            assert time.monotonic() < deadline, reply.text
+            await asyncio.sleep(0.1)
+        assert reply.status_code == 201, reply.text
 
         async def routed() -> bool:
             return ("default", self.name) in (await routes(pool)).topics
