@@ -28,6 +28,7 @@ import pika
 
 from bench._server import Meter, add_target_options, server_under_test
 from bench._stats import p50_p99_ms
+from polymq.gateway.progress import Progress
 
 SIZES = (100, 4096)
 
@@ -36,6 +37,7 @@ CONFIRM_COUNT = 3_000
 LATENCY_RATE = 1_000
 LATENCY_SECONDS = 5.0
 SCENARIO_LIMIT_S = 30.0
+PREFETCH = 500
 
 
 def _connect(host: str, port: int) -> pika.BlockingConnection:
@@ -50,15 +52,25 @@ def _count(ch: pika.adapters.blocking_connection.BlockingChannel, queue: str) ->
 
 
 def publish(
-    host: str, port: int, queue: str, size: int, count: int, confirms: bool
+    host: str,
+    port: int,
+    queue: str,
+    size: int,
+    count: int,
+    confirms: bool,
+    *,
+    durable: bool = True,
 ) -> tuple[int, float]:
+    """``count`` publishes of ``size`` B, one at a time (with ``confirms``, each waits
+    for its confirm): a durable queue and persistent messages, or with ``durable``
+    off a transient queue and messages (what a broker need not fsync)."""
     body = b"x" * size
     with contextlib.closing(_connect(host, port)) as conn:
         ch = conn.channel()
-        ch.queue_declare(queue, durable=True)
+        ch.queue_declare(queue, durable=durable)
         if confirms:
             ch.confirm_delivery()
-        props = pika.BasicProperties(delivery_mode=2)
+        props = pika.BasicProperties(delivery_mode=2 if durable else 1)
         start = time.perf_counter()
         sent = 0
         while sent < count and time.perf_counter() - start < SCENARIO_LIMIT_S:
@@ -71,22 +83,37 @@ def publish(
         return sent, time.perf_counter() - start
 
 
-def consume(host: str, port: int, queue: str, count: int) -> tuple[int, float]:
+def consume(
+    host: str, port: int, queue: str, count: int, *, ack_every: int = 1
+) -> tuple[int, float]:
+    """Up to ``count`` messages with prefetch 500: an ack per message, or with
+    ``ack_every`` N one ack with ``multiple`` per N deliveries (and one for the rest)."""
     with contextlib.closing(_connect(host, port)) as conn:
         ch = conn.channel()
-        ch.basic_qos(prefetch_count=500)
+        ch.basic_qos(prefetch_count=PREFETCH)
         got = 0
+        last_tag = 0
         start = time.perf_counter()
         for method, _, _ in ch.consume(queue, inactivity_timeout=5):
             if method is None:
                 break
-            ch.basic_ack(method.delivery_tag)
             got += 1
+            last_tag = method.delivery_tag
+            if got % ack_every == 0:
+                ch.basic_ack(last_tag, multiple=ack_every > 1)
             if got >= count or time.perf_counter() - start > SCENARIO_LIMIT_S:
                 break
+        if got % ack_every:
+            ch.basic_ack(last_tag, multiple=True)
         elapsed = time.perf_counter() - start
         ch.cancel()
         return got, elapsed
+
+
+def delete_queue(host: str, port: int, queue: str) -> None:
+    """Drop a queue a scenario left (so runs against one broker start alike)."""
+    with contextlib.closing(_connect(host, port)) as conn:
+        conn.channel().queue_delete(queue)
 
 
 def latency(host: str, port: int, queue: str, size: int) -> tuple[float, float, int]:
@@ -135,43 +162,51 @@ def run(host: str, port: int, meter: Meter, label: str) -> None:
         f"{'scenario':<34} {'size':>6} {'msgs':>7} {'msgs/s':>9} {'MB/s':>7} {'cpu%':>6}"
         f" {'cpu us/msg':>10}"
     )
-    for size in SIZES:
-        queue = f"bench-{size}-{uuid.uuid4().hex[:8]}"
-        scenarios: list[tuple[str, Callable[[], tuple[int, float]]]] = [
-            (
-                "publish, no confirms",
-                partial(publish, host, port, queue, size, PUBLISH_COUNT, False),
-            ),
-            (
-                "publish, confirms (one at a time)",
-                partial(publish, host, port, queue + "-c", size, CONFIRM_COUNT, True),
-            ),
-            ("consume, prefetch 500, acks", partial(consume, host, port, queue, PUBLISH_COUNT)),
-        ]
-        for name, scenario in scenarios:
-            cpu = meter.cpu()
-            count, elapsed = scenario()
-            used = meter.cpu() - cpu
-            cpu_pct = used / elapsed * 100 if elapsed else 0.0
-            per_msg = used / count * 1e6 if count else 0.0
-            rate = count / elapsed if elapsed else 0.0
-            mb_s = rate * size / 1e6
-            print(
-                f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {mb_s:>7.1f} {cpu_pct:>6.0f}"
-                f" {per_msg:>10.0f}",
-                flush=True,
-            )
+    with Progress(len(SIZES) * 4, "bench.amqp") as progress:
+        for size in SIZES:
+            _run_size(host, port, meter, size, progress)
+    print(f"server RSS: {meter.rss_mib():.0f} MiB")
+
+
+def _run_size(host: str, port: int, meter: Meter, size: int, progress: Progress) -> None:
+    """The table's rows for one body size."""
+    queue = f"bench-{size}-{uuid.uuid4().hex[:8]}"
+    scenarios: list[tuple[str, Callable[[], tuple[int, float]]]] = [
+        (
+            "publish, no confirms",
+            partial(publish, host, port, queue, size, PUBLISH_COUNT, False),
+        ),
+        (
+            "publish, confirms (one at a time)",
+            partial(publish, host, port, queue + "-c", size, CONFIRM_COUNT, True),
+        ),
+        ("consume, prefetch 500, acks", partial(consume, host, port, queue, PUBLISH_COUNT)),
+    ]
+    for name, scenario in scenarios:
+        progress.step(f"{name}, {size} B")
         cpu = meter.cpu()
-        p50, p99, n = latency(host, port, queue + "-lat", size)
+        count, elapsed = scenario()
         used = meter.cpu() - cpu
-        cpu_pct = used / LATENCY_SECONDS * 100
-        per_msg = used / n * 1e6 if n else 0.0
-        name = "end-to-end @1000/s p50/p99 ms"
+        cpu_pct = used / elapsed * 100 if elapsed else 0.0
+        per_msg = used / count * 1e6 if count else 0.0
+        rate = count / elapsed if elapsed else 0.0
+        mb_s = rate * size / 1e6
         print(
-            f"{name:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f} {per_msg:>10.0f}",
+            f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {mb_s:>7.1f} {cpu_pct:>6.0f}"
+            f" {per_msg:>10.0f}",
             flush=True,
         )
-    print(f"server RSS: {meter.rss_mib():.0f} MiB")
+    progress.step(f"end-to-end latency, {size} B")
+    cpu = meter.cpu()
+    p50, p99, n = latency(host, port, queue + "-lat", size)
+    used = meter.cpu() - cpu
+    cpu_pct = used / LATENCY_SECONDS * 100
+    per_msg = used / n * 1e6 if n else 0.0
+    name = "end-to-end @1000/s p50/p99 ms"
+    print(
+        f"{name:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f} {per_msg:>10.0f}",
+        flush=True,
+    )
 
 
 def main() -> None:

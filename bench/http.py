@@ -36,6 +36,7 @@ import httpx  # noqa: E402
 
 from bench._server import Meter, polymq_server  # noqa: E402
 from bench._stats import p50_p99_ms  # noqa: E402
+from polymq.gateway.progress import Progress  # noqa: E402
 
 BODY = "x" * 256
 
@@ -221,10 +222,11 @@ async def main_async(quick: bool, durability: str) -> None:
             ("BatchSendMessage (16)", "batch_send", batched),
             ("BatchReceive+BatchDelete (16)", "batch_receive_delete", batched),
         )
-        rows = [
-            run(name, step, meter, base=base, max_msgs=count, max_seconds=limit)
-            for name, step, count in scenarios
-        ]
+        rows = []
+        with Progress(len(scenarios), f"bench.http {durability}") as progress:
+            for name, step, count in scenarios:
+                progress.step(name)
+                rows.append(run(name, step, meter, base=base, max_msgs=count, max_seconds=limit))
         for row in rows:
             print(row.line())
         print("p50/p99: per step (Receive+Delete: both requests); cpu: server process")

@@ -32,6 +32,7 @@ from confluent_kafka.cimpl import NewTopic
 
 from bench._server import Meter, add_target_options, polymq_server
 from bench._stats import p50_p99_ms
+from polymq.gateway.progress import Progress
 
 SIZES = (100, 1024)
 
@@ -146,33 +147,40 @@ def latency(bootstrap: str, topic: str, size: int) -> tuple[float, float, int]:
 
 def run(bootstrap: str, meter: Meter, produce_counts: dict[int, int]) -> list[str]:
     """Run the client scenarios; return the topics written (for the engine replay)."""
-    topics = []
     print(f"{'scenario':<36} {'size':>5} {'records':>8} {'rec/s':>9} {'MB/s':>7} {'cpu%':>5}")
-    for size in SIZES:
-        topic = f"bench-{size}-{uuid.uuid4().hex[:8]}"
-        topics.append(topic)
-        count = produce_counts[size]
-        scenarios: tuple[tuple[str, Callable[[], tuple[int, float]]], ...] = (
-            ("produce acks=all linger=5ms", partial(produce, bootstrap, topic, size, count)),
-            ("consume (assign, from 0)", partial(consume, bootstrap, topic, count)),
-        )
-        for name, fn in scenarios:
-            cpu = meter.cpu()
-            done, elapsed = fn()
-            cpu_pct = (meter.cpu() - cpu) / elapsed * 100 if elapsed else 0.0
-            rate = done / elapsed if elapsed else 0.0
-            print(
-                f"{name:<36} {size:>5} {done:>8} {rate:>9.0f} "
-                f"{rate * size / 1e6:>7.1f} {cpu_pct:>5.0f}",
-                flush=True,
-            )
-        cpu = meter.cpu()
-        p50, p99, n = latency(bootstrap, topic + "-lat", size)
-        cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
-        label = f"end-to-end @{LATENCY_RATE}/s p50 / p99 ms"
-        print(f"{label:<36} {size:>5} {n:>8} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>5.0f}", flush=True)
+    with Progress(len(SIZES) * 3, "bench.kafka") as progress:
+        topics = [
+            _run_size(bootstrap, meter, size, produce_counts[size], progress) for size in SIZES
+        ]
     print(f"server RSS: {meter.rss_mib():.0f} MiB", flush=True)
     return topics
+
+
+def _run_size(bootstrap: str, meter: Meter, size: int, count: int, progress: Progress) -> str:
+    """The rows of one record size; returns the topic written."""
+    topic = f"bench-{size}-{uuid.uuid4().hex[:8]}"
+    scenarios: tuple[tuple[str, Callable[[], tuple[int, float]]], ...] = (
+        ("produce acks=all linger=5ms", partial(produce, bootstrap, topic, size, count)),
+        ("consume (assign, from 0)", partial(consume, bootstrap, topic, count)),
+    )
+    for name, fn in scenarios:
+        progress.step(f"{name}, {size} B")
+        cpu = meter.cpu()
+        done, elapsed = fn()
+        cpu_pct = (meter.cpu() - cpu) / elapsed * 100 if elapsed else 0.0
+        rate = done / elapsed if elapsed else 0.0
+        print(
+            f"{name:<36} {size:>5} {done:>8} {rate:>9.0f} "
+            f"{rate * size / 1e6:>7.1f} {cpu_pct:>5.0f}",
+            flush=True,
+        )
+    progress.step(f"end-to-end latency, {size} B")
+    cpu = meter.cpu()
+    p50, p99, n = latency(bootstrap, topic + "-lat", size)
+    cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
+    label = f"end-to-end @{LATENCY_RATE}/s p50 / p99 ms"
+    print(f"{label:<36} {size:>5} {n:>8} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>5.0f}", flush=True)
+    return topic
 
 
 async def engine_replay(data_dir: Path, topics: list[str]) -> None:

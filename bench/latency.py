@@ -37,6 +37,7 @@ import pika
 from bench._server import HOST, Meter, Server, polymq_server
 from bench._stats import p50_p99_ms
 from bench.mqtt import Counter, _client, _stop, _subscribe
+from polymq.gateway.progress import Progress
 
 __all__ = ["CASES", "Result", "measure"]
 
@@ -212,13 +213,17 @@ def main() -> None:
     if unknown:
         raise SystemExit(f"unknown cases {unknown}; known: {list(CASES)}")
     listeners = {CASES[c][0] for c in cases}
-    with _servers(args, listeners) as servers:
+    with (
+        _servers(args, listeners) as servers,
+        Progress(len(cases) * args.runs, "bench.latency") as progress,
+    ):
         print(f"# {RATE} msgs/s, {BODY} B, {args.seconds:g} s per run", flush=True)
         print(_header(), flush=True)
         for case in cases:
             server = servers[CASES[case][0]]
             results = []
             for run in range(args.runs):
+                progress.step(f"{case} run {run + 1}/{args.runs}")
                 result = measure(case, server, args.seconds)
                 results.append(result)
                 print(_emit(result, f"#{run + 1}", args.json), flush=True)

@@ -18,34 +18,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import resource
-import shutil
 import socket
 import struct
-import subprocess
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 from typing import Any
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
 
-from bench._server import (
-    Meter,
-    Server,
-    add_target_options,
-    free_port,
-    process_server,
-    server_under_test,
-)
+from bench._reference import mosquitto_server
+from bench._server import Meter, add_target_options, server_under_test
 from bench._stats import p50_p99_ms
+from polymq.gateway.progress import Progress
 
 PAYLOAD = 100
 PUBLISH_COUNT = 20_000
@@ -58,20 +48,6 @@ LATENCY_RATE = 1_000
 LATENCY_SECONDS = 5.0
 IDLE_CONNECTIONS = 10_000
 SCENARIO_LIMIT_S = 40.0
-
-
-@contextlib.contextmanager
-def mosquitto_server() -> Iterator[Server]:
-    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-    port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
-        conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} 127.0.0.1\nallow_anonymous true\nmax_queued_messages 100000\n"
-        )
-        command = [binary, "-c", str(conf)]
-        with process_server(command, port, stderr=subprocess.DEVNULL, label="mosquitto") as server:
-            yield server
 
 
 class Counter:
@@ -153,7 +129,13 @@ def _measure(meter: Meter, name: str, body: Callable[[], tuple[int, float]]) -> 
 
 
 def one_to_one(
-    host: str, port: int, qos: int, count: int, *, persistent: bool = False
+    host: str,
+    port: int,
+    qos: int,
+    count: int,
+    *,
+    persistent: bool = False,
+    size: int = PAYLOAD,
 ) -> tuple[int, float]:
     """One publisher, one subscriber; a persistent subscriber's QoS 1 messages go
     through its storage queue (pop, ack) in polymq."""
@@ -161,7 +143,7 @@ def one_to_one(
     sub = _client(host, port, counter, persistent=persistent)
     _subscribe(sub, "bench/one", qos)
     pub = _client(host, port)
-    payload = b"x" * PAYLOAD
+    payload = b"x" * size
     start = time.perf_counter()
     infos = [pub.publish("bench/one", payload, qos) for _ in range(count)]
     if qos:
@@ -173,24 +155,34 @@ def one_to_one(
     return counter.count, seconds
 
 
-def fan_in(host: str, port: int) -> tuple[int, float]:
+def fan_in(
+    host: str,
+    port: int,
+    publishers: int = FAN_IN_PUBLISHERS,
+    each: int = FAN_IN_EACH,
+    qos: int = 0,
+) -> tuple[int, float]:
+    """``publishers`` clients, a thread each, ``each`` publishes at ``qos`` to topics
+    of their own, one subscriber to all of them at the same QoS."""
     counter = Counter()
     sub = _client(host, port, counter)
-    _subscribe(sub, "fanin/#", 0)
-    pubs = [_client(host, port) for _ in range(FAN_IN_PUBLISHERS)]
+    _subscribe(sub, "fanin/#", qos)
+    pubs = [_client(host, port) for _ in range(publishers)]
     payload = b"x" * PAYLOAD
     start = time.perf_counter()
 
     def run(i: int, client: paho.Client) -> None:
-        for _ in range(FAN_IN_EACH):
-            client.publish(f"fanin/{i}", payload, 0)
+        infos = [client.publish(f"fanin/{i}", payload, qos) for _ in range(each)]
+        if qos:
+            for info in infos:
+                info.wait_for_publish(SCENARIO_LIMIT_S)
 
     threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(pubs)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    counter.wait(FAN_IN_PUBLISHERS * FAN_IN_EACH, SCENARIO_LIMIT_S)
+    counter.wait(publishers * each, SCENARIO_LIMIT_S)
     seconds = time.perf_counter() - start
     _stop(*pubs, sub)
     return counter.count, seconds
@@ -312,17 +304,27 @@ def topic_index(subscriptions: int = 100_000, lookups: int = 20_000) -> Row:
 
 def run(host: str, port: int, meter: Meter, label: str) -> dict[str, Row]:
     print(f"# {label} at {host}:{port}", flush=True)
-    rows = {
-        "qos0": _measure(meter, "publish qos0", lambda: one_to_one(host, port, 0, PUBLISH_COUNT)),
-        "qos1": _measure(meter, "publish qos1", lambda: one_to_one(host, port, 1, QOS1_COUNT)),
-        "qos1-persistent": _measure(
-            meter,
+    with Progress(7, f"bench.mqtt {label}") as progress:
+        return _run(host, port, meter, progress)
+
+
+def _run(host: str, port: int, meter: Meter, progress: Progress) -> dict[str, Row]:
+    scenarios: list[tuple[str, str, Callable[[], tuple[int, float]]]] = [
+        ("qos0", "publish qos0", lambda: one_to_one(host, port, 0, PUBLISH_COUNT)),
+        ("qos1", "publish qos1", lambda: one_to_one(host, port, 1, QOS1_COUNT)),
+        (
+            "qos1-persistent",
             "publish qos1, persistent subscriber",
             lambda: one_to_one(host, port, 1, QOS1_COUNT, persistent=True),
         ),
-        "fan-in": _measure(meter, "fan-in 20->1", lambda: fan_in(host, port)),
-        "fan-out": _measure(meter, "fan-out 1->100", lambda: fan_out(host, port)),
-    }
+        ("fan-in", "fan-in 20->1", lambda: fan_in(host, port)),
+        ("fan-out", "fan-out 1->100", lambda: fan_out(host, port)),
+    ]
+    rows: dict[str, Row] = {}
+    for key, name, body in scenarios:
+        progress.step(name)
+        rows[key] = _measure(meter, name, body)
+    progress.step("latency")
     cpu0 = meter.cpu()
     p50, p99, n = latency(host, port)
     row: Row = {
@@ -334,6 +336,7 @@ def run(host: str, port: int, meter: Meter, label: str) -> dict[str, Row]:
     }
     print(json.dumps(row), flush=True)
     rows["latency"] = row
+    progress.step("idle connections")
     rows["idle"] = idle_connections(host, port, meter, IDLE_CONNECTIONS)
     return rows
 

@@ -1,0 +1,178 @@
+"""The reference brokers of the comparisons, RabbitMQ and Mosquitto from Debian's
+packages, each started for one block on free loopback ports over a throwaway
+directory and stopped at its end, so nothing system-wide is used or left running.
+
+RabbitMQ gets its own node name, data, log and config locations through its
+``RABBITMQ_*`` variables, its own Erlang distribution and epmd ports (another node on
+the machine, or a system service, is never touched), and no plugins. Mosquitto runs
+with persistence off, as people usually run it. The ``Server`` yielded carries the pid
+of the process doing the work (RabbitMQ's Erlang VM, not the shell script around it),
+so a ``Meter`` reads that broker's CPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+
+from bench._server import HOST, START_TIMEOUT_S, STOP_TIMEOUT_S, Server, free_port, process_server
+
+__all__ = [
+    "MOSQUITTO",
+    "RABBITMQ_SCRIPT",
+    "mosquitto_installed",
+    "mosquitto_server",
+    "rabbitmq_installed",
+    "rabbitmq_server",
+]
+
+MOSQUITTO = "/usr/sbin/mosquitto"
+# The script the Debian wrapper (/usr/sbin/rabbitmq-server) runs after su-ing to the
+# rabbitmq user: called directly it runs as us, over the directories we give it.
+RABBITMQ_SCRIPT = "/usr/lib/rabbitmq/bin/rabbitmq-server"
+RABBITMQ_START_TIMEOUT_S = 120.0  # an Erlang VM's boot on two busy cores
+
+
+def mosquitto_installed() -> bool:
+    return os.access(MOSQUITTO, os.X_OK) or shutil.which("mosquitto") is not None
+
+
+def rabbitmq_installed() -> bool:
+    return os.access(RABBITMQ_SCRIPT, os.X_OK) and shutil.which("erl") is not None
+
+
+@contextlib.contextmanager
+def mosquitto_server() -> Iterator[Server]:
+    """Mosquitto on a free port: anonymous, persistence off, a deep queue per client
+    (the throughput cases publish faster than a subscriber drains)."""
+    binary = MOSQUITTO if os.access(MOSQUITTO, os.X_OK) else shutil.which("mosquitto")
+    if binary is None:
+        raise FileNotFoundError("mosquitto is not installed (apt-get install mosquitto)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
+        conf = Path(tmp) / "mosquitto.conf"
+        conf.write_text(
+            f"listener {port} {HOST}\nallow_anonymous true\npersistence false\n"
+            "max_queued_messages 100000\n"
+        )
+        command = [binary, "-c", str(conf)]
+        with process_server(command, port, stderr=subprocess.DEVNULL, label="mosquitto") as server:
+            yield server
+
+
+def _rabbitmq_env(base: Path, amqp_port: int) -> dict[str, str]:
+    """Everything RabbitMQ writes goes under ``base``; its ports are ours."""
+    plugins = base / "enabled_plugins"
+    plugins.write_text("[].\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RABBITMQ_", "ERL_"))}
+    env.update(
+        HOME=str(base),  # the Erlang cookie
+        RABBITMQ_NODENAME=f"polymq-bench-{os.getpid()}-{amqp_port}@localhost",
+        RABBITMQ_NODE_IP_ADDRESS=HOST,
+        RABBITMQ_NODE_PORT=str(amqp_port),
+        RABBITMQ_DIST_PORT=str(free_port()),
+        ERL_EPMD_PORT=str(free_port()),
+        RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
+        RABBITMQ_LOG_BASE=str(base / "log"),
+        RABBITMQ_CONFIG_FILE=str(base / "rabbitmq"),  # none there: the defaults
+        RABBITMQ_ADVANCED_CONFIG_FILE=str(base / "advanced.config"),
+        RABBITMQ_CONF_ENV_FILE=str(base / "rabbitmq-env.conf"),
+        RABBITMQ_ENABLED_PLUGINS_FILE=str(plugins),
+        RABBITMQ_PID_FILE=str(base / "rabbitmq.pid"),
+    )
+    return env
+
+
+def _beam(script_pid: int) -> psutil.Process | None:
+    """The Erlang VM the start script runs (in the background, behind its signal
+    traps), found among the script's descendants."""
+    try:
+        children = psutil.Process(script_pid).children(recursive=True)
+    except psutil.Error:
+        return None
+    return next((c for c in children if c.name().startswith("beam")), None)
+
+
+def _listens(proc: psutil.Process, port: int) -> bool:
+    try:
+        conns = proc.net_connections(kind="inet")
+    except psutil.Error:
+        return False
+    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
+
+
+def _kill_epmd(port: str) -> None:
+    """The epmd the VM started for its node: a daemon of its own, outliving the VM.
+    Only the one on our port is asked to stop."""
+    epmd = shutil.which("epmd")
+    if epmd is not None:
+        subprocess.run(
+            [epmd, "-port", port, "-kill"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=STOP_TIMEOUT_S,
+            check=False,
+        )
+
+
+@contextlib.contextmanager
+def rabbitmq_server(start_timeout: float = RABBITMQ_START_TIMEOUT_S) -> Iterator[Server]:
+    """RabbitMQ on a free AMQP port until the block ends, then SIGTERM (its script
+    stops the VM cleanly), SIGKILL past ``STOP_TIMEOUT_S``, and its epmd stopped."""
+    if not rabbitmq_installed():
+        raise FileNotFoundError("RabbitMQ is not installed (apt-get install rabbitmq-server)")
+    port = free_port()
+    with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
+        base = Path(tmp)
+        env = _rabbitmq_env(base, port)
+        log = (base / "server.out").open("wb")
+        proc = subprocess.Popen(
+            [RABBITMQ_SCRIPT],
+            cwd=base,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        beam: psutil.Process | None = None
+        try:
+            deadline = time.monotonic() + max(start_timeout, START_TIMEOUT_S)
+            while beam is None or not _listens(beam, port):
+                if proc.poll() is not None:
+                    out = (base / "server.out").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"RabbitMQ exited with code {proc.returncode}:\n{out}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"RabbitMQ did not listen on {port} in {start_timeout:g} s")
+                beam = beam or _beam(proc.pid)
+                time.sleep(0.2)
+            yield Server(HOST, port, beam.pid, "rabbitmq")
+        finally:
+            _stop_rabbitmq(proc, beam)
+            _kill_epmd(env["ERL_EPMD_PORT"])
+            log.close()
+
+
+def _stop_rabbitmq(proc: subprocess.Popen[bytes], beam: psutil.Process | None) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(STOP_TIMEOUT_S)
+    if beam is not None and beam.is_running():
+        with contextlib.suppress(psutil.Error):
+            beam.terminate()
+            try:
+                beam.wait(STOP_TIMEOUT_S)
+            except psutil.TimeoutExpired:
+                beam.kill()
