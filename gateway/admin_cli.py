@@ -158,11 +158,29 @@ def _topic(data: Any) -> str:
     return "\n".join(lines)
 
 
+def _flags(q: Any) -> str:
+    """An AMQP queue's flags as ``rabbitmqctl list_queues`` shows them (D, Excl, AD)."""
+    if q["kind"] != "amqp":
+        return ""
+    named = (("durable", "D"), ("exclusive", "Excl"), ("auto_delete", "AD"))
+    return " ".join(short for key, short in named if q[key]) or "-"
+
+
 def _queues(data: Any) -> str:
+    """Ready and unacked as RabbitMQ counts them; for MNS queues, active and inactive."""
     return table(
-        ("NAMESPACE", "QUEUE", "ACTIVE", "INACTIVE", "DELAYED"),
+        ("KIND", "NAMESPACE", "QUEUE", "READY", "UNACKED", "DELAYED", "CONSUMERS", "FLAGS"),
         (
-            (q["namespace"], q["name"], q["active"], q["inactive"], q["delayed"])
+            (
+                q["kind"],
+                q["namespace"],
+                q["name"],
+                q["messages_ready"],
+                q["messages_unacked"],
+                q.get("delayed", ""),
+                q.get("consumer_count", ""),
+                _flags(q),
+            )
             for q in data["queues"]
         ),
     )
@@ -195,21 +213,44 @@ def _groups(data: Any) -> str:
 
 
 def _group(data: Any) -> str:
-    lines = [
-        table(
-            ("TOPIC", "QUEUE", "COMMITTED", "LATEST", "LAG"),
-            (
-                (q["topic"], q["queue_id"], q["committed"], q["latest"], q["lag"])
-                for q in data["queues"]
-            ),
+    """Offsets (offset groups), then queues popped by the group (AMQP, MQTT shared),
+    then the members of every protocol."""
+    lines = []
+    if data["queues"] or not data.get("pop_queues"):
+        lines.append(
+            table(
+                ("TOPIC", "QUEUE", "COMMITTED", "LATEST", "LAG"),
+                (
+                    (q["topic"], q["queue_id"], q["committed"], q["latest"], q["lag"])
+                    for q in data["queues"]
+                ),
+            )
         )
-    ]
+    if data.get("pop_queues"):
+        lines += [
+            table(
+                ("KIND", "QUEUE", "READY", "UNACKED", "LAG", "CONSUMERS"),
+                (
+                    (q["kind"], q["queue"], q["ready"], q["unacked"], q["lag"], q["consumers"])
+                    for q in data["pop_queues"]
+                ),
+            )
+        ]
     if data["members"]:
         lines += [
             "",
             table(
-                ("MEMBER", "CLIENT_ID", "HOST"),
-                ((m["member_id"], m["client_id"], m["client_host"]) for m in data["members"]),
+                ("PROTOCOL", "MEMBER", "CLIENT_ID", "HOST", "QUEUE"),
+                (
+                    (
+                        m.get("protocol", "kafka"),
+                        m["member_id"],
+                        m["client_id"],
+                        m["client_host"],
+                        m.get("queue") or m.get("filter") or "",
+                    )
+                    for m in data["members"]
+                ),
             ),
         ]
     return "\n".join(lines)
@@ -370,7 +411,8 @@ def _topics_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
 
 def _queues_cmd(c: AdminClient, a: argparse.Namespace) -> tuple[Any, Render]:
     if a.action == "list":
-        return c.call("GET", "/admin/queues", params={"namespace": a.namespace}), _queues
+        params = {"namespace": a.namespace, "kind": a.kind}
+        return c.call("GET", "/admin/queues", params=params), _queues
     path = f"/admin/queues/{_ns(a)}/{a.name}"
     if a.action == "create":
         return c.call("PUT", path), _done
@@ -495,9 +537,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--queue", type=int)
             p.add_argument("--property", action="append", default=[], metavar="NAME=VALUE")
 
-    queues = commands.add_parser("queues", help="MNS queues: list, create, delete, purge, peek")
+    queues = commands.add_parser(
+        "queues", help="list (MNS and AMQP); MNS queues: create, delete, purge, peek"
+    )
     q = queues.add_subparsers(dest="action", required=True)
-    _namespace_flag(q.add_parser("list"), None)
+    p = q.add_parser("list")
+    _namespace_flag(p, None)
+    p.add_argument("--kind", choices=("mns", "amqp"), help="[both]")
     for action in ("create", "delete", "purge", "peek"):
         p = q.add_parser(action)
         p.add_argument("name")

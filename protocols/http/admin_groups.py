@@ -1,6 +1,7 @@
 """The admin API's consumer groups (docs/admin.md): one group's offsets, lag and
-members, and ``kafka-consumer-groups --reset-offsets`` for any protocol's offset
-groups, through the processor."""
+members (Kafka's classic groups here, AMQP and MQTT pop groups in
+:mod:`protocols.http.admin_members`), and ``kafka-consumer-groups --reset-offsets``
+for any protocol's offset groups, through the processor."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
+from polymq.protocols.http.admin_members import members_of
 from polymq.protocols.http.admin_scope import AdminScope, body_schema
 from polymq.storage.errors import QueueNotFound, TopicNotFound
 from polymq.storage.model import QueueRef
@@ -42,12 +44,18 @@ def groups_router(scope: AdminScope) -> APIRouter:
     @router.get("/groups/{namespace}/{group}", summary="A group's offsets, lag and members")
     async def describe_group(request: Request, namespace: str, group: str) -> dict[str, Any]:
         """Members: a Kafka classic group's last stable generation, as its coordinator
-        stores it for takeover (``kafka.group`` metadata); a group that has never been
-        stable, or of another protocol, lists none."""
+        stores it for takeover (``kafka.group`` metadata); for the AMQP groups
+        (``amqp``, ``amqp:<view>``) the consumers of their queues and for ``mqtt`` the
+        shared subscriptions of stored sessions, with each queue's lag in
+        ``pop_queues``. Every member has its ``protocol``."""
         caller = await admin_in(request, namespace)
-        if group not in await processor.list_groups(caller):
+        directory = scope.context.directory
+        local = {c.id: c for c in scope.context.connections.list()}
+        popped = await members_of(processor, caller, group, self_id=directory.self_id, local=local)
+        known = popped is not None and (popped[0] or popped[1])
+        if not known and group not in await processor.list_groups(caller):
             raise HTTPException(404, f"no group {group!r} in {namespace!r}")
-        rows = []
+        rows: list[dict[str, Any]] = []
         for ref, committed in sorted(
             (await processor.list_group_offsets(caller, group)).items(),
             key=lambda item: (item[0].topic, item[0].queue_id),
@@ -65,19 +73,23 @@ def groups_router(scope: AdminScope) -> APIRouter:
                     "lag": max(0, latest - committed.offset),
                 }
             )
-        members = []
+        members: list[dict[str, Any]] = []
         stored = await processor.meta_get(caller, _KAFKA_GROUP_KIND, group)
         if isinstance(stored, dict):
             members = [
-                {k: m.get(k) for k in ("member_id", "client_id", "client_host")}
+                {"protocol": "kafka"}
+                | {k: m.get(k) for k in ("member_id", "client_id", "client_host")}
                 for m in stored.get("members", [])
                 if isinstance(m, dict)
             ]
+        pop_rows = popped[0] if popped is not None else []
+        members += popped[1] if popped is not None else []
         return {
             "namespace": namespace,
             "name": group,
             "queues": rows,
-            "lag": sum(r["lag"] for r in rows),
+            "pop_queues": pop_rows,
+            "lag": sum(r["lag"] for r in rows) + sum(r["lag"] for r in pop_rows),
             "members": members,
         }
 

@@ -1,14 +1,16 @@
-"""The admin API's MNS queues (docs/admin.md): list with depth, create, delete,
-purge and peek, through the processor and the MNS queue service (the same code the MNS
-API runs, so a queue made here is one that MNS, Kafka or AMQP clients see)."""
+"""The admin API's queues (docs/admin.md): MNS queues (list with depth, create,
+delete, purge and peek, through the processor and the MNS queue service: the same code
+the MNS API runs, so a queue made here is one that MNS, Kafka or AMQP clients see) and,
+listed beside them, AMQP queues (:mod:`protocols.http.admin_amqp`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request, Response
 
 from polymq.gateway.processor import Caller
+from polymq.protocols.http.admin_amqp import amqp_queues
 from polymq.protocols.http.admin_scope import PEEK_MAX, PROTOCOL, AdminScope, peek
 from polymq.protocols.mns.queues import (
     QUEUE_KIND,
@@ -35,10 +37,18 @@ def queues_router(scope: AdminScope) -> APIRouter:
         if await processor.meta_get(caller, QUEUE_KIND, name) is None:
             raise HTTPException(404, f"no queue {name!r} in {caller.namespace!r}")
 
-    @router.get("/queues", summary="MNS queues with their depth")
-    async def list_queues(request: Request, namespace: str | None = None) -> dict[str, Any]:
-        """``active``: visible now; ``inactive``: received and not yet deleted;
-        ``delayed``: not due yet. An account that is no admin sees its own namespaces."""
+    @router.get("/queues", summary="MNS and AMQP queues with their depth")
+    async def list_queues(
+        request: Request,
+        namespace: str | None = None,
+        kind: Literal["mns", "amqp"] | None = None,
+    ) -> dict[str, Any]:
+        """Every queue has ``kind`` (``mns`` or ``amqp``), ``messages_ready`` and
+        ``messages_unacked`` (delivered or received, not yet acknowledged or deleted).
+        MNS queues also have ``active`` (= ready), ``inactive`` (= unacked) and
+        ``delayed`` (not due yet); AMQP queues their flags, consumers and bindings.
+        ``kind`` lists one kind only. An account that is no admin sees its own
+        namespaces."""
         principal = await scope.principal(request)
         names = await scope.visible(principal)
         if namespace is not None:
@@ -48,20 +58,26 @@ def queues_router(scope: AdminScope) -> APIRouter:
         shown = []
         for name in names:
             caller = Caller(principal=principal, namespace=name, protocol=PROTOCOL)
-            for queue in sorted(await processor.meta_list(caller, QUEUE_KIND)):
+            mns = [] if kind == "amqp" else await processor.meta_list(caller, QUEUE_KIND)
+            for queue in sorted(mns):
                 try:
                     counts = await queue_counts(processor, caller, queue)
                 except (TopicNotFound, QueueNotFound):
                     continue  # deleted meanwhile
                 shown.append(
                     {
+                        "kind": "mns",
                         "namespace": name,
                         "name": queue,
+                        "messages_ready": counts.active,
+                        "messages_unacked": counts.inactive,
                         "active": counts.active,
                         "inactive": counts.inactive,
                         "delayed": counts.delayed,
                     }
                 )
+            if kind != "mns":
+                shown.extend(await amqp_queues(processor, caller))
         return {"queues": shown}
 
     @router.put("/queues/{namespace}/{queue}", status_code=201, summary="Create an MNS queue")
