@@ -1,9 +1,11 @@
 """The web console (/console) in headless Chromium from Debian's packages (make
 chromium), driven by Selenium through the system's chromedriver, against a live
 gateway in accounts mode with traffic, in both forms. Each page is loaded after an
-admin login and checked against the admin API; the console's actions (create a
-topic, publish, peek, purge a queue, reset a group's offsets, close a connection)
-are checked through real clients. A screenshot of every page is written to
+admin login and checked against the admin API and what pika did (AMQP queues beside
+MNS ones, their consumers as group members); the console's actions (create a topic,
+publish, peek, purge and delete a queue, delete a topic, reset a group's offsets,
+close a connection, add and delete a permission rule) are checked through real
+clients (kafka-python, the MNS SDK, pika). A screenshot of every page is written to
 build/console-screenshots/<form>/ for a person to look at."""
 
 from __future__ import annotations
@@ -12,15 +14,16 @@ import base64
 import dataclasses
 import io
 import shutil
-import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pika
 import pytest
-from kafka import KafkaConsumer
+from kafka import KafkaConsumer, KafkaProducer
+from kafka.errors import KafkaError
 from mns.account import Account
 from mns.mns_exception import MNSServerException
 from mns.queue import Message as MnsMessage
@@ -28,6 +31,7 @@ from selenium import webdriver
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from polymq.gateway.admin_cli import run
@@ -39,6 +43,7 @@ CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 30.0
 ADMIN = ("ops", PASSWORD)
+LISTENERS = ("http", "kafka", "amqp")
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
@@ -49,8 +54,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, server_form: str) -> Iterator[LiveServer]:
     data = tmp_path_factory.mktemp("console")
-    config = dataclasses.replace(server_config(data, ("http", "kafka")), auth=ACCOUNTS)
-    with live_server(data, ("http", "kafka"), config=config) as s:
+    config = dataclasses.replace(server_config(data, LISTENERS), auth=ACCOUNTS)
+    with live_server(data, LISTENERS, config=config) as s:
         yield s
 
 
@@ -122,6 +127,56 @@ def status_says(browser: WebDriver, text: str) -> None:
     )
 
 
+def confirm(browser: WebDriver) -> None:
+    """Answer the page's ``confirm()`` (a delete asks first) with OK."""
+    WebDriverWait(browser, WAIT_S).until(expected_conditions.alert_is_present())
+    browser.switch_to.alert.accept()
+
+
+def amqp_consumer(server: LiveServer) -> tuple[pika.BlockingConnection, str]:
+    """A pika connection to vhost ``NS`` consuming queue ``tasks`` (durable, bound to
+    amq.direct), holding one of its two messages unacked; and its local address."""
+    host, port = server.address("amqp")
+    credentials = pika.PlainCredentials("guest", PASSWORD)
+    connection = pika.BlockingConnection(
+        pika.ConnectionParameters(host, port, NS, credentials, connection_attempts=1)
+    )
+    channel = connection.channel()
+    channel.queue_declare("tasks", durable=True)
+    channel.queue_bind("tasks", "amq.direct", routing_key="t")
+    channel.confirm_delivery()
+    for body in (b"t1", b"t2"):
+        channel.basic_publish("amq.direct", "t", body)
+    channel.basic_qos(prefetch_count=1)
+    held: list[bytes] = []
+    channel.basic_consume(
+        "tasks", lambda ch, method, props, body: held.append(body), consumer_tag="worker-1"
+    )
+    deadline = time.monotonic() + WAIT_S
+    while not held:
+        assert time.monotonic() < deadline
+        connection.process_data_events(time_limit=0.2)
+    local = connection._impl._transport._sock.getsockname()
+    return connection, "{}:{}".format(*local)
+
+
+def tasks_of(server: LiveServer) -> dict[str, Any]:
+    queues: list[dict[str, Any]] = api(server, "/admin/queues?kind=amqp")["queues"]
+    [tasks] = [q for q in queues if q["name"] == "tasks"]
+    return tasks
+
+
+def closed_by_server(connection: pika.BlockingConnection) -> bool:
+    """Whether pika saw its connection end, reading until it does (or the time is up)."""
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while time.monotonic() < deadline and connection.is_open:
+            connection.process_data_events(time_limit=0.2)
+    except pika.exceptions.AMQPError:
+        return True
+    return bool(connection.is_closed)
+
+
 def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_form: str) -> None:
     env = {"POLYMQ_ADMIN_USER": "ops", "POLYMQ_ADMIN_PASSWORD": PASSWORD}
     for argv in (["topics", "create", "orders", "-n", NS], ["queues", "create", "jobs", "-n", NS]):
@@ -139,6 +194,7 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     queue = Account(url(server), "guest-ak", "guest-sk").get_queue("jobs")
     for i in range(2):
         queue.send_message(MnsMessage(f"job {i}"))
+    amqp, amqp_peer = amqp_consumer(server)
 
     # Sign in: the console asks for credentials in accounts mode.
     browser.get(url(server) + "/console/")
@@ -173,10 +229,25 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     row(browser, "topics-table", "orders").find_element(By.CSS_SELECTOR, ".peek").click()
     until(browser, lambda d: "o3" in d.find_element(By.ID, "messages-table").text)
     shoot(browser, server_form, "topics")
+    # Delete: kafka-python's metadata no longer lists the topic.
+    row(browser, "topics-table", "from-browser").find_element(By.CSS_SELECTOR, ".delete").click()
+    confirm(browser)
+    status_says(browser, "delete from-browser: done")
+    until(browser, lambda d: not d.find_elements(By.CSS_SELECTOR, "tr[data-name='from-browser']"))
+    lister = KafkaConsumer(**kafka(server))
+    topics_now = lister.topics()
+    lister.close()
+    assert "orders" in topics_now and "from-browser" not in topics_now
 
     # Queues: depth as the API says; purge leaves the SDK nothing.
     goto(browser, "queues")
-    assert cells(browser, "queues-table", "jobs")[2] == "2"
+    assert cells(browser, "queues-table", "jobs")[:4] == ["mns", NS, "jobs", "2"]
+    # The AMQP queue beside it, as pika left it: one ready, one unacked, its consumer.
+    tasks = tasks_of(server)
+    assert (tasks["messages_ready"], tasks["messages_unacked"]) == (1, 1)
+    shown = cells(browser, "queues-table", "tasks")
+    assert shown[:8] == ["amqp", NS, "tasks", "1", "1", "", "1", "D"]
+    assert shown[8].startswith("worker-1") and shown[9] == "amq.direct → t"
     row(browser, "queues-table", "jobs").find_element(By.CSS_SELECTOR, ".peek").click()
     body = base64.b64encode(b"job 0").decode()  # the SDK's bodies are base64 text
     until(browser, lambda d: body in d.find_element(By.ID, "messages-table").text)
@@ -185,6 +256,13 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     status_says(browser, "purged 2 messages from jobs")
     with pytest.raises(MNSServerException):
         queue.receive_message(0)
+    # Delete: the MNS SDK is told the queue does not exist.
+    row(browser, "queues-table", "jobs").find_element(By.CSS_SELECTOR, ".delete").click()
+    confirm(browser)
+    status_says(browser, "delete jobs: done")
+    with pytest.raises(MNSServerException) as gone:
+        queue.get_attributes()
+    assert gone.value.type == "QueueNotExist"
 
     # Groups: reset to earliest, and the group reads everything again.
     goto(browser, "groups")
@@ -194,6 +272,11 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     reset.find_element(By.TAG_NAME, "button").click()
     status_says(browser, "reset billing: done")
     until(browser, lambda d: cells(d, "groups-table", "billing")[2] == "3")
+    # The AMQP group's members: pika's consumer, at pika's address, and its queue's lag.
+    row(browser, "groups-table", "amqp").find_element(By.CSS_SELECTOR, ".members").click()
+    until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#members-table tr[data-name]"))
+    assert cells(browser, "members-table", "worker-1")[2:5] == ["worker-1", amqp_peer, "tasks"]
+    assert cells(browser, "pop-queues-table", "tasks")[2:5] == ["1", "1", "2"]
     shoot(browser, server_form, "groups")
     again = KafkaConsumer("orders", group_id="billing", auto_offset_reset="latest", **kafka(server))
     values: list[bytes] = []
@@ -204,25 +287,24 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     again.close()
     assert values == [b"o1", b"o2", b"o3"]
 
-    # Connections: close a raw socket's connection from the page.
-    with socket.create_connection(server.address("kafka"), timeout=WAIT_S) as sock:
-        peer = "{}:{}".format(*sock.getsockname())
-
-        def listed() -> list[dict[str, Any]]:
-            shown = api(server, "/admin/connections")["connections"]
-            return [c for c in shown if c["peer"] == peer]
-
-        deadline = time.monotonic() + WAIT_S
-        while not listed():
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-        [mine] = listed()
-        goto(browser, "connections")
-        shoot(browser, server_form, "connections")
-        button = browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] .close")
-        button.click()
-        status_says(browser, f"close {mine['id']}: done")
-        assert sock.recv(1) == b""
+    # Connections: close pika's connection from the page; pika sees it end, and its
+    # consumer is gone from the queue.
+    [mine] = [c for c in api(server, "/admin/connections")["connections"] if c["peer"] == amqp_peer]
+    assert mine["protocol"] == "amqp"
+    goto(browser, "connections")
+    shoot(browser, server_form, "connections")
+    browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] .close").click()
+    status_says(browser, f"close {mine['id']}: done")
+    assert closed_by_server(amqp)
+    deadline = time.monotonic() + WAIT_S
+    while tasks_of(server)["consumer_count"]:  # unregistered by the gateway as pika goes
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    goto(browser, "queues")
+    # Nobody consumes; both messages are still there. (The one pika held is ready
+    # again but storage counts it unacked until it is delivered again: docs/admin.md.)
+    shown = cells(browser, "queues-table", "tasks")
+    assert shown[6] == "0" and int(shown[3]) + int(shown[4]) == 2
 
     # Cluster and accounts: what the API says.
     goto(browser, "cluster")
@@ -238,4 +320,27 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     goto(browser, "accounts")
     assert cells(browser, "accounts-table", "ops")[1] == "yes"
     assert PASSWORD not in browser.page_source
+
+    # Permissions: a deny rule added on the page refuses the guest's Kafka writes to
+    # "orders"; deleted on the page, they are allowed again.
+    form = browser.find_element(By.ID, "permission-add")
+    for name, value in (("principal", "guest"), ("pattern", "orders"), ("operations", "write")):
+        form.find_element(By.NAME, name).send_keys(value)
+    form.find_element(By.NAME, "namespace").clear()
+    form.find_element(By.NAME, "namespace").send_keys(NS)
+    Select(form.find_element(By.NAME, "effect")).select_by_value("deny")
+    form.find_element(By.TAG_NAME, "button").click()
+    status_says(browser, "added rule ")
+    [rule] = [r for r in api(server, "/admin/permissions")["rules"] if r["principal"] == "guest"]
+    assert (rule["pattern"], rule["operations"], rule["effect"]) == ("orders", ["write"], "deny")
+    until(browser, lambda d: cells(d, "permissions-table", rule["key"])[:2] == ["guest", NS])
     shoot(browser, server_form, "accounts")
+    producer = KafkaProducer(acks="all", max_block_ms=10_000, **kafka(server))
+    with pytest.raises(KafkaError):
+        producer.send("orders", b"refused", partition=0).get(WAIT_S)
+    producer.close()
+    row(browser, "permissions-table", rule["key"]).find_element(By.CSS_SELECTOR, ".delete").click()
+    confirm(browser)
+    status_says(browser, f"delete rule {rule['key']}: done")
+    assert all(r["key"] != rule["key"] for r in api(server, "/admin/permissions")["rules"])
+    produce(server, "orders", [b"allowed"])

@@ -212,6 +212,12 @@ function messages(title, list) {
       cell(Object.entries(m.properties).map(([k, v]) => `${k}=${v}`).join(", ")))))];
 }
 
+function amqpFlags(q) {
+  const flags = [["durable", "D"], ["exclusive", "Excl"], ["auto_delete", "AD"]]
+    .filter(([key]) => q[key]).map(([, short]) => short);
+  return flags.join(" ") || "-";
+}
+
 async function queues() {
   const data = await api("GET", "/admin/queues");
   const peeked = el("div", { id: "peeked" });
@@ -221,29 +227,39 @@ async function queues() {
     await act(`create queue ${v.name}`, () => api("PUT",
       `/admin/queues/${v.namespace}/${encodeURIComponent(v.name)}`));
     route();
-  } }, "New queue", field("namespace", "namespace", "default"), field("name", "name"),
+  } }, "New MNS queue", field("namespace", "namespace", "default"), field("name", "name"),
   el("button", { type: "submit" }, "Create"));
+  // MNS queues have actions here; AMQP queues are managed by their clients (as
+  // RabbitMQ's own), shown with their flags, consumers and bindings.
   const rows = data.queues.map((q) => {
     const path = `/admin/queues/${q.namespace}/${encodeURIComponent(q.name)}`;
-    return el("tr", { "data-name": q.name },
-      cell(q.namespace), cell(q.name), cell(q.active), cell(q.inactive), cell(q.delayed),
-      el("td", {},
-        el("button", { class: "peek", onclick: async () => {
-          const m = await act("peek", () => api("GET", path + "/messages?limit=20"));
-          if (m) peeked.replaceChildren(...messages(`Messages of ${q.name}`, m.messages));
-        } }, "Peek"),
-        el("button", { class: "purge", onclick: async () => {
-          const r = await act(`purge ${q.name}`, () => api("POST", path + "/purge"));
-          if (r) { status(`purged ${r.purged} messages from ${q.name}`); route(); }
-        } }, "Purge"),
-        el("button", { class: "delete", onclick: async () => {
-          if (!confirm(`Delete queue ${q.name}?`)) return;
-          await act(`delete ${q.name}`, () => api("DELETE", path));
-          route();
-        } }, "Delete")));
+    const actions = q.kind !== "mns" ? el("td", {}) : el("td", {},
+      el("button", { class: "peek", onclick: async () => {
+        const m = await act("peek", () => api("GET", path + "/messages?limit=20"));
+        if (m) peeked.replaceChildren(...messages(`Messages of ${q.name}`, m.messages));
+      } }, "Peek"),
+      el("button", { class: "purge", onclick: async () => {
+        const r = await act(`purge ${q.name}`, () => api("POST", path + "/purge"));
+        if (r) { status(`purged ${r.purged} messages from ${q.name}`); route(); }
+      } }, "Purge"),
+      el("button", { class: "delete", onclick: async () => {
+        if (!confirm(`Delete queue ${q.name}?`)) return;
+        await act(`delete ${q.name}`, () => api("DELETE", path));
+        route();
+      } }, "Delete"));
+    const amqp = q.kind === "amqp";
+    return el("tr", { "data-name": q.name, "data-kind": q.kind },
+      cell(q.kind), cell(q.namespace), cell(q.name), cell(q.messages_ready),
+      cell(q.messages_unacked), cell(amqp ? "" : q.delayed), cell(amqp ? q.consumer_count : ""),
+      cell(amqp ? amqpFlags(q) : ""),
+      cell(amqp ? q.consumers.map((c) => `${c.consumer_tag} (connection ${c.connection_id}` +
+        ` on ${c.gateway})`).join(", ") : ""),
+      cell(amqp ? q.bindings.map((b) => `${b.exchange} → ${b.routing_key}`).join(", ") : ""),
+      actions);
   });
   return [el("h2", {}, "Queues"), create,
-    table("queues-table", ["namespace", "queue", "active", "inactive", "delayed", ""], rows),
+    table("queues-table", ["kind", "namespace", "queue", "ready", "unacked", "delayed",
+      "consumers", "flags", "consumer tags", "bindings", ""], rows),
     peeked];
 }
 
@@ -268,11 +284,36 @@ async function groups() {
       el("select", { name: "topic" }, topicsOf.map((t) => el("option", { value: t }, t))),
       el("select", { name: "to" }, ["earliest", "latest", "offset", "timestamp"]
         .map((t) => el("option", { value: t }, t))),
-      field("value", "offset / ms"), el("button", { type: "submit" }, "Reset offsets"))));
+      field("value", "offset / ms"), el("button", { type: "submit" }, "Reset offsets")),
+      el("button", { class: "members", onclick: async () => {
+        const d = await act(`members of ${g.name}`, () => api("GET",
+          `/admin/groups/${g.namespace}/${encodeURIComponent(g.name)}`));
+        if (d) described.replaceChildren(...members(d));
+      } }, "Members")));
   });
+  const described = el("div", { id: "described" });
   return [el("h2", {}, "Consumer groups"),
     el("p", {}, "Stop a group's consumers before resetting its offsets."),
-    table("groups-table", ["namespace", "group", "lag", "queues (committed/latest)", ""], rows)];
+    table("groups-table", ["namespace", "group", "lag", "queues (committed/latest)", ""], rows),
+    described];
+}
+
+function members(d) {
+  // A group's members of every protocol, and the queues it pops (AMQP, MQTT shared)
+  // with their lag.
+  const shown = [el("h2", {}, `Members of ${d.name}`),
+    table("members-table", ["protocol", "member", "client id", "host", "queue / filter",
+      "connected"], d.members.map((m) => el("tr", { "data-name": m.client_id },
+      cell(m.protocol), cell(m.member_id), cell(m.client_id), cell(m.client_host),
+      cell(m.queue || m.filter || ""),
+      cell(m.connected === undefined ? "" : (m.connected ? "yes" : "no")))))];
+  if (d.pop_queues.length) {
+    shown.push(el("h2", {}, `Queues ${d.name} pops`), table("pop-queues-table",
+      ["kind", "queue", "ready", "unacked", "lag", "consumers"],
+      d.pop_queues.map((q) => el("tr", { "data-name": q.queue }, cell(q.kind), cell(q.queue),
+        cell(q.ready), cell(q.unacked), cell(q.lag), cell(q.consumers)))));
+  }
+  return shown;
 }
 
 async function connections() {
@@ -314,13 +355,43 @@ async function accounts() {
       data.accounts.map((a) => el("tr", { "data-name": a.user }, cell(a.user),
         cell(a.admin ? "yes" : ""), cell(a.namespaces.join(", ") || "*"), cell(a.access_key),
         cell(a.has_password ? "yes" : ""), cell(a.scram.join(", "))))),
-    el("h2", {}, "Permission rules"),
+    el("h2", {}, "Permission rules"), addRule(),
     table("permissions-table", ["principal", "namespace", "resource", "pattern", "match",
-      "operations", "effect", "source"],
+      "operations", "effect", "source", ""],
       rules.rules.map((r) => el("tr", { "data-name": r.key }, cell(r.principal),
         cell(r.namespace), cell(r.resource), cell(r.pattern), cell(r.match),
-        cell(r.operations.join(",")), cell(r.effect), cell(r.source)))),
+        cell(r.operations.join(",")), cell(r.effect), cell(r.source),
+        // Configured rules are read-only (the API answers 409): only stored ones go.
+        el("td", {}, r.source !== "stored" ? null : el("button", { class: "delete",
+          onclick: async () => {
+            if (!confirm(`Delete the rule for ${r.principal} on ${r.pattern}?`)) return;
+            await act(`delete rule ${r.key}`, () => api("DELETE",
+              `/admin/permissions/${r.namespace}/${encodeURIComponent(r.key)}`));
+            route();
+          } }, "Delete"))))),
   ];
+}
+
+function choice(name, options) {
+  return el("select", { name }, options.map((o) => el("option", { value: o }, o)));
+}
+
+function addRule() {
+  // A rule as docs/permissions.md describes it; operations comma-separated ("all").
+  return el("form", { class: "inline", id: "permission-add", onsubmit: async (e) => {
+    e.preventDefault();
+    const v = values(e.target);
+    const rule = { principal: v.principal, namespace: v.namespace, resource: v.resource,
+      pattern: v.pattern, match: v.match, effect: v.effect,
+      operations: v.operations.split(",").map((o) => o.trim()).filter((o) => o) };
+    const added = await act(`add rule for ${v.principal}`,
+      () => api("POST", "/admin/permissions", rule));
+    if (added) status(`added rule ${added.key}`);
+    route();
+  } }, "New rule", field("principal", "account"), field("namespace", "namespace", "default"),
+  choice("resource", ["topic", "group", "transactional_id"]), field("pattern", "name or *"),
+  choice("match", ["literal", "prefix", "glob"]), field("operations", "read,write,…"),
+  choice("effect", ["allow", "deny"]), el("button", { type: "submit" }, "Add"));
 }
 
 const pages = { overview, topics, queues, groups, connections, cluster, accounts };
