@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 NODE_DIR := tests/nodejs
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed
 
-.PHONY: run test lint typecheck unit bench fuzz clean conformance-reference chromium
+.PHONY: run test lint typecheck unit bench bench-compare fuzz clean conformance-reference chromium
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -59,6 +59,17 @@ test: lint typecheck unit
 BENCH ?= storage
 bench: $(STAMP)
 	$(BIN)/python -m bench.$(BENCH) $(ARGS)
+
+# polymq beside RabbitMQ and Mosquitto from Debian's packages (installed when missing),
+# each started on free ports over a throwaway directory and stopped at the end: the
+# issue 21 table with ratios, medians of 3 alternating runs. ARGS=--quick for a smoke run.
+bench-compare: $(STAMP)
+	@command -v rabbitmq-server >/dev/null && test -x /usr/sbin/mosquitto || { \
+	  SUDO=$$(test "$$(id -u)" -eq 0 || echo sudo); \
+	  $$SUDO apt-get update -qq && \
+	  DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    rabbitmq-server mosquitto; }
+	$(BIN)/python -m bench.compare $(ARGS)
 
 # Coverage-guided fuzzing of every codec (docs/fuzzing.md): FUZZ_SECONDS per target, each
 # in its own subprocess; `make fuzz FUZZ_TARGETS="sql92 mqtt5"` for some. Not part of

@@ -21,10 +21,20 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import psutil
 
-from bench._server import HOST, START_TIMEOUT_S, STOP_TIMEOUT_S, Server, free_port, process_server
+from bench._server import (
+    HOST,
+    PORT_ATTEMPTS,
+    START_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    Server,
+    ServerExited,
+    free_port,
+    process_server,
+)
 
 __all__ = [
     "MOSQUITTO",
@@ -57,16 +67,24 @@ def mosquitto_server() -> Iterator[Server]:
     binary = MOSQUITTO if os.access(MOSQUITTO, os.X_OK) else shutil.which("mosquitto")
     if binary is None:
         raise FileNotFoundError("mosquitto is not installed (apt-get install mosquitto)")
-    port = free_port()
     with tempfile.TemporaryDirectory(prefix="bench-mosquitto-") as tmp:
         conf = Path(tmp) / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} {HOST}\nallow_anonymous true\npersistence false\n"
-            "max_queued_messages 100000\n"
-        )
-        command = [binary, "-c", str(conf)]
-        with process_server(command, port, stderr=subprocess.DEVNULL, label="mosquitto") as server:
-            yield server
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            port = free_port()  # taken before mosquitto binds it: it exits; try another
+            conf.write_text(
+                f"listener {port} {HOST}\nallow_anonymous true\npersistence false\n"
+                "max_queued_messages 100000\n"
+            )
+            command = [binary, "-c", str(conf)]
+            try:
+                with process_server(
+                    command, port, stderr=subprocess.DEVNULL, label="mosquitto"
+                ) as server:
+                    yield server
+                    return
+            except ServerExited:
+                if attempt == PORT_ATTEMPTS:
+                    raise
 
 
 def _rabbitmq_env(base: Path, amqp_port: int) -> dict[str, str]:
@@ -127,38 +145,65 @@ def _kill_epmd(port: str) -> None:
 @contextlib.contextmanager
 def rabbitmq_server(start_timeout: float = RABBITMQ_START_TIMEOUT_S) -> Iterator[Server]:
     """RabbitMQ on a free AMQP port until the block ends, then SIGTERM (its script
-    stops the VM cleanly), SIGKILL past ``STOP_TIMEOUT_S``, and its epmd stopped."""
+    stops the VM cleanly), SIGKILL past ``STOP_TIMEOUT_S``, and its epmd stopped.
+    A port taken between our choice and its bind (tests run beside the benchmark)
+    makes it exit at start: then fresh ports, a bounded number of times."""
     if not rabbitmq_installed():
         raise FileNotFoundError("RabbitMQ is not installed (apt-get install rabbitmq-server)")
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
+            try:
+                started = _start_rabbitmq(Path(tmp), start_timeout)
+            except _StartFailed:
+                if attempt == PORT_ATTEMPTS:
+                    raise
+                continue
+            proc, beam, env, log = started
+            try:
+                yield Server(HOST, int(env["RABBITMQ_NODE_PORT"]), beam.pid, "rabbitmq")
+            finally:
+                _stop_rabbitmq(proc, beam)
+                _kill_epmd(env["ERL_EPMD_PORT"])
+                log.close()
+            return
+
+
+class _StartFailed(RuntimeError):
+    """RabbitMQ exited before it listened; its output says why."""
+
+
+def _start_rabbitmq(
+    base: Path, start_timeout: float
+) -> tuple[subprocess.Popen[bytes], psutil.Process, dict[str, str], IO[bytes]]:
+    """Start it and wait until its VM listens; on failure nothing is left running."""
     port = free_port()
-    with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
-        base = Path(tmp)
-        env = _rabbitmq_env(base, port)
-        log = (base / "server.out").open("wb")
-        proc = subprocess.Popen(
-            [RABBITMQ_SCRIPT],
-            cwd=base,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        beam: psutil.Process | None = None
-        try:
-            deadline = time.monotonic() + max(start_timeout, START_TIMEOUT_S)
-            while beam is None or not _listens(beam, port):
-                if proc.poll() is not None:
-                    out = (base / "server.out").read_text(errors="replace")[-2000:]
-                    raise RuntimeError(f"RabbitMQ exited with code {proc.returncode}:\n{out}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"RabbitMQ did not listen on {port} in {start_timeout:g} s")
-                beam = beam or _beam(proc.pid)
-                time.sleep(0.2)
-            yield Server(HOST, port, beam.pid, "rabbitmq")
-        finally:
-            _stop_rabbitmq(proc, beam)
-            _kill_epmd(env["ERL_EPMD_PORT"])
-            log.close()
+    env = _rabbitmq_env(base, port)
+    log = (base / "server.out").open("wb")
+    proc = subprocess.Popen(
+        [RABBITMQ_SCRIPT],
+        cwd=base,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    beam: psutil.Process | None = None
+    try:
+        deadline = time.monotonic() + max(start_timeout, START_TIMEOUT_S)
+        while beam is None or not _listens(beam, port):
+            if proc.poll() is not None:
+                out = (base / "server.out").read_text(errors="replace")[-1500:]
+                raise _StartFailed(f"RabbitMQ exited with code {proc.returncode}:\n{out}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"RabbitMQ did not listen on {port} in {start_timeout:g} s")
+            beam = beam or _beam(proc.pid)
+            time.sleep(0.2)
+    except BaseException:
+        _stop_rabbitmq(proc, beam)
+        _kill_epmd(env["ERL_EPMD_PORT"])
+        log.close()
+        raise
+    return proc, beam, env, log
 
 
 def _stop_rabbitmq(proc: subprocess.Popen[bytes], beam: psutil.Process | None) -> None:
