@@ -327,6 +327,9 @@ class MqttConfig:
 class RocketMQConfig:
     # RocketMQ's autoCreateTopicEnable / autoCreateSubscriptionGroup.
     auto_create: bool = True
+    # RocketMQ's flushDiskType: "async" (ASYNC_FLUSH, Apache's default) answers a send
+    # once written, fsynced within storage.flush_interval_ms; "sync" once fsynced.
+    flush: DurabilityMode = "async"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -90,6 +90,12 @@ class RocketMQServices:
         return self.config.rocketmq.auto_create
 
     @property
+    def sync_flush(self) -> bool:
+        """Whether a send waits for its fsync (``rocketmq.flush = "sync"``, Apache's
+        SYNC_FLUSH); by default it is answered once written (ASYNC_FLUSH)."""
+        return self.config.rocketmq.flush == "sync"
+
+    @property
     def store_host(self) -> str:
         return f"{self.address[0]}:{self.address[1]}"
 

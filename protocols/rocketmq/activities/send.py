@@ -93,6 +93,7 @@ async def send_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
             entry=message,
             queues=(_queue_for(rt, info, message),),
             dedup_key=f"rocketmq:{message_id}" if message_id else None,
+            durable=rt.sync_flush,
         )
 
     if message_type is MessageType.TRANSACTION:
