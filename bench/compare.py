@@ -265,6 +265,8 @@ class Results:
 
     runs: dict[tuple[str, str], list[Figures]] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
+    pids: dict[str, int | None] = field(default_factory=dict)
+    """The brokers measured, by label (for a check that none outlived the run)."""
 
     def add(self, key: str, side: str, figures: Figures) -> None:
         self.runs.setdefault((key, side), []).append(figures)
@@ -409,6 +411,9 @@ def run(
         _brokers(protocols) as servers,
         Progress(runs * len(cases) * 2, "bench.compare") as progress,
     ):
+        for protocol, by_side in servers.items():
+            for server in by_side.values():
+                results.pids[f"{protocol} {server.label}"] = server.pid
         for round_ in range(runs):
             for index, case in enumerate(cases):
                 sides = ["polymq", "reference"]
@@ -503,6 +508,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for f in figures
             ],
             "errors": results.errors,
+            "pids": results.pids,
         }
         args.json.write_text(json.dumps(data, indent=1))
     return 1 if results.errors else 0
