@@ -90,6 +90,12 @@ def build_parser() -> argparse.ArgumentParser:
     storage.add_argument("--durability", choices=("sync", "async"), help="[sync]")
     storage.add_argument("--port", type=int, metavar="PORT", help="node port [10911]")
     storage.add_argument("--node-id", metavar="ID", help="name in routes [the engine's own id]")
+    storage.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus /metrics on this port, 0 for any free one [none]",
+    )
     _nameserver_flag(storage)
     storage.add_argument(
         "--nats",
@@ -335,6 +341,7 @@ _FLAG_KEYS: Mapping[str, str] = {
     "gateway_id": "cluster.gateway_id",
     "advertised_host": "cluster.advertised_host",
     "node_id": "node.node_id",
+    "metrics_port": "node.metrics_port",
     "nats": "replication.nats",
     "replicas": "replication.replicas",
     "shards": "replication.shards",

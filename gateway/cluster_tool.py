@@ -58,6 +58,8 @@ _STOP_TIMEOUT_S = 15.0
 _LISTENING = re.compile(
     r"[Ll]istening (?:for client connections )?on (?:\w+://)?(?P<host>[^\s:/,]+):(?P<port>\d+)"
 )  # ... and nats-server's "Listening for client connections on HOST:PORT"
+# A storage process's own Prometheus endpoint (node.metrics_port).
+_METRICS = re.compile(r"metrics on http://(?P<host>[^\s:/]+):(?P<port>\d+)/metrics")
 _LISTENER = re.compile(r"listener (?P<name>\w+): (?P<host>[^\s:,]+):(?P<port>\d+)")
 # The line a process logs once it serves: polymq's "ready" log record, nats-server's
 # "Server is ready". Anchored to the log record's shape, so that no other line ending
@@ -65,7 +67,12 @@ _LISTENER = re.compile(r"listener (?P<name>\w+): (?P<host>[^\s:,]+):(?P<port>\d+
 _READY = re.compile(
     r"(?: INFO [\w.]+: (?:storage node: )?ready(?: \(pid \d+\))?|\[INF\] Server is ready)$"
 )
-_PORT_FLAGS = {"main": "--port", **{n: f"--{n.replace('_', '-')}-port" for n in LISTENER_NAMES}}
+_METRICS_PORT = 10915  # storage node i's /metrics: 10915 + 10 i (its node port + 4)
+_PORT_FLAGS = {
+    "main": "--port",
+    "metrics": "--metrics-port",
+    **{n: f"--{n.replace('_', '-')}-port" for n in LISTENER_NAMES},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,7 +99,8 @@ def layout(
     nats_sync_always: bool = False,
 ) -> list[ProcessSpec]:
     """Who runs where. With ``port_offset``: the nameserver and navigation on their
-    default ports, node i on 10911 + 10 i (RocketMQ's habit), gateway i on every
+    default ports, node i on 10911 + 10 i (RocketMQ's habit) with its /metrics on
+    10915 + 10 i, gateway i on every
     default listener port + i * ``port_offset``. With ``None``: every port 0.
 
     ``replicas`` 3: the replicated pool. Three NATS servers come first (client ports
@@ -129,6 +137,8 @@ def layout(
                     port(defaults.node.port, i, 10),
                     "--node-id",
                     f"node-{i + 1}",
+                    "--metrics-port",  # each storage process's own /metrics
+                    port(_METRICS_PORT, i, 10),
                     "--data-dir",
                     str(data_dir / f"node-{i + 1}"),
                     "--nameserver",
@@ -231,6 +241,8 @@ class _Child:
                 self.addresses["main"] = (match["host"], int(match["port"]))
             elif match := _LISTENER.search(line):
                 self.addresses[match["name"]] = (match["host"], int(match["port"]))
+            elif match := _METRICS.search(line):
+                self.addresses["metrics"] = (match["host"], int(match["port"]))
             if _READY.search(line):
                 self.ready.set()
 

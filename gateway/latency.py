@@ -3,15 +3,15 @@ append took to be acknowledged by storage (publish to acknowledge, fsync include
 with ``sync`` durability), and how long a message had been stored when it was
 delivered (the queueing part of end-to-end latency).
 
-Kept here as plain bucket counts, with no Prometheus types, because the processor
-sits below the HTTP layer that renders them; observing is one bisect and two
-additions, cheap enough for every append.
+Kept as plain bucket counts, with no Prometheus types, because the processor sits
+below the HTTP layer that renders them; observing is one bisect and two additions,
+cheap enough for every append. The counting itself is the storage engine's
+(``storage/engine/stats.py``), shared with the commit log's fsync figures.
 """
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass, field
+from polymq.storage.engine.stats import Histograms, HistogramSnapshot
 
 __all__ = ["APPEND_BUCKETS_S", "DELIVERY_BUCKETS_S", "HistogramSnapshot", "Histograms"]
 
@@ -47,44 +47,3 @@ DELIVERY_BUCKETS_S: tuple[float, ...] = (
     300.0,
     3600.0,
 )
-
-
-@dataclass(frozen=True, slots=True)
-class HistogramSnapshot:
-    """Cumulative counts per upper bound (the last one is +Inf), and the sum."""
-
-    buckets: tuple[tuple[float, int], ...]
-    count: int
-    total: float
-
-
-@dataclass(slots=True)
-class _Counts:
-    per_bucket: list[int]
-    total: float = 0.0
-
-
-@dataclass(slots=True)
-class Histograms:
-    """One histogram per label (a protocol) over the same bucket bounds."""
-
-    bounds: tuple[float, ...]
-    _by_label: dict[str, _Counts] = field(default_factory=dict)
-
-    def observe(self, label: str, seconds: float) -> None:
-        counts = self._by_label.get(label)
-        if counts is None:
-            counts = self._by_label[label] = _Counts([0] * (len(self.bounds) + 1))
-        counts.per_bucket[bisect.bisect_left(self.bounds, seconds)] += 1
-        counts.total += seconds
-
-    def snapshot(self) -> dict[str, HistogramSnapshot]:
-        result = {}
-        for label, counts in self._by_label.items():
-            cumulative = 0
-            buckets = []
-            for bound, n in zip((*self.bounds, float("inf")), counts.per_bucket, strict=True):
-                cumulative += n
-                buckets.append((bound, cumulative))
-            result[label] = HistogramSnapshot(tuple(buckets), cumulative, counts.total)
-        return result

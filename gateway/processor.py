@@ -23,6 +23,7 @@ from polymq.gateway.metering import Metering
 from polymq.gateway.permissions import Operation, ResourceKind
 from polymq.storage import api
 from polymq.storage.clock import Clock
+from polymq.storage.engine.stats import LogStats
 from polymq.storage.model import (
     AppendRequest,
     AppendResult,
@@ -84,6 +85,13 @@ class Processor:
         # acknowledged them; how long delivered messages had been stored.
         self.append_latency = Histograms(APPEND_BUCKETS_S)
         self.delivery_age = Histograms(DELIVERY_BUCKETS_S)
+
+    def storage_log_stats(self) -> LogStats | None:
+        """The embedded engine's commit-log figures (fsyncs, group commits) for
+        /metrics; ``None`` when storage runs elsewhere, whose processes serve their
+        own (docs/metrics.md)."""
+        stats = getattr(self._storage, "log_stats", None)
+        return stats if isinstance(stats, LogStats) else None
 
     # -- checks --------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
 from polymq.storage import batch_formats
 from polymq.storage.engine import Engine, EngineConfig
 from polymq.storage.node import StorageNode
+from polymq.storage.node_metrics import serving_metrics
 from polymq.storage.replicated.config import ReplicationConfig
 from polymq.storage.replicated.host import ShardHost
 from polymq.storage.replicated.pool import NatsPool
@@ -68,18 +69,28 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
     )
     await node.start()
     try:
-        host, port = node.address
-        log.info("storage node: id %s", node.node_id)
-        log.info(
-            "storage node: listening on %s:%d (advertised as %s)", host, port, node.advertised_host
-        )
-        log.info("storage node: data in %s", engine.config.data_dir)
-        log.info(
-            "storage node: nameservers %s",
-            ", ".join(node.nameservers) if node.nameservers else "none (not registered anywhere)",
-        )
-        log.info("storage node: ready")
-        await stop.wait()
+        async with serving_metrics(
+            config.node.metrics_port,
+            config.server.host,
+            lambda: [(node.node_id, engine.log_stats)],
+        ):
+            host, port = node.address
+            log.info("storage node: id %s", node.node_id)
+            log.info(
+                "storage node: listening on %s:%d (advertised as %s)",
+                host,
+                port,
+                node.advertised_host,
+            )
+            log.info("storage node: data in %s", engine.config.data_dir)
+            log.info(
+                "storage node: nameservers %s",
+                ", ".join(node.nameservers)
+                if node.nameservers
+                else "none (not registered anywhere)",
+            )
+            log.info("storage node: ready")
+            await stop.wait()
     finally:
         await node.close()
 
@@ -124,19 +135,27 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
     )
     await host.start()
     try:
-        nats = ", ".join(replication.nats)
-        log.info("storage node: %s, replicated pool over NATS %s", name, nats)
-        log.info(
-            "storage node: %d replicas, lease %d ms", replication.replicas, replication.lease_ms
-        )
-        log.info("storage node: serving shards %s", ", ".join(sorted(host.served)) or "none yet")
-        # cluster_tool learns a storage process's address from this line: the port
-        # of its first shard (the shard's own route is in the nameserver).
-        served = sorted(host.served.values(), key=lambda s: s.node.node_id)
-        if served:
-            log.info("storage node: listening on %s:%d", *served[0].node.address)
-        log.info("storage node: ready")
-        await stop.wait()
+        async with serving_metrics(
+            config.node.metrics_port,
+            config.server.host,
+            lambda: [(shard, served.log.stats) for shard, served in host.served.items()],
+            host.pool.stats,
+        ):
+            nats = ", ".join(replication.nats)
+            log.info("storage node: %s, replicated pool over NATS %s", name, nats)
+            log.info(
+                "storage node: %d replicas, lease %d ms", replication.replicas, replication.lease_ms
+            )
+            log.info(
+                "storage node: serving shards %s", ", ".join(sorted(host.served)) or "none yet"
+            )
+            # cluster_tool learns a storage process's address from this line: the port
+            # of its first shard (the shard's own route is in the nameserver).
+            served = sorted(host.served.values(), key=lambda s: s.node.node_id)
+            if served:
+                log.info("storage node: listening on %s:%d", *served[0].node.address)
+            log.info("storage node: ready")
+            await stop.wait()
     finally:
         await host.close()
 

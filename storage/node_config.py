@@ -14,3 +14,5 @@ class NodeConfig:
 
     port: int = 10911
     node_id: str = ""  # empty: the engine's own id, kept in its data directory
+    # Its own Prometheus /metrics (docs/metrics.md): unset, none; 0, any free port.
+    metrics_port: int | None = None

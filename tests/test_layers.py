@@ -46,6 +46,7 @@ LAYERS: dict[str, int] = {
     "storage.remote": 3,
     "storage.cluster*": 3,
     "storage.node": 3,
+    "storage.node_metrics": 3,
     "gateway": 4,
     "protocols": 5,
     "conformance": 6,

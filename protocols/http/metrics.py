@@ -1,5 +1,7 @@
 """Prometheus ``/metrics``: the gateway's metering (messages and bytes in and out per
-namespace and protocol), open connections, queue depth and HTTP request latency.
+namespace and protocol), open connections, queue depth and HTTP request latency, and
+in the merged form the embedded engine's fsync and group-commit figures
+(docs/metrics.md).
 
 Each app gets its own ``CollectorRegistry`` (never the process-global one), so several
 gateways in one process, as tests run them, do not clash over metric names.
@@ -23,6 +25,7 @@ from polymq.protocols.http.operator_metrics import OperatorMetrics
 from polymq.protocols.http.quota_metrics import QuotaCollector
 from polymq.protocols.mns.queues import QUEUE_KIND, queue_counts
 from polymq.storage.errors import QueueNotFound, TopicNotFound
+from polymq.storage.node_metrics import StorageCollector
 
 __all__ = ["GatewayMetrics", "LatencyMiddleware"]
 
@@ -31,6 +34,7 @@ _SCRAPER = Principal(
     name="metrics", namespaces=frozenset(), default_namespace="default", admin=True
 )
 _MAX_TOPICS_PER_NAMESPACE = 1000  # a scrape stays cheap with millions of MQTT sessions
+MERGED_SHARD = "merged"  # the shard label of the embedded engine's figures
 
 
 @dataclass(slots=True)
@@ -111,6 +115,9 @@ class GatewayMetrics:
         self.registry.register(QuotaCollector(context.quotas, context.connections))
         self._operator = OperatorMetrics(context.processor)  # lag, rates, latencies
         self.registry.register(self._operator.collector)
+        log_stats = context.processor.storage_log_stats()
+        if log_stats is not None:  # the merged form: the engine's fsyncs and group commits
+            self.registry.register(StorageCollector(lambda: [(MERGED_SHARD, log_stats)]))
         self.latency = Histogram(
             "polymq_http_request_duration_seconds",
             "HTTP request latency on the MNS / admin port, by route.",

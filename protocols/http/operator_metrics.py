@@ -14,18 +14,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from polymq.gateway.accounts import Principal
-from polymq.gateway.latency import Histograms
 from polymq.gateway.processor import Caller, Processor
 from polymq.storage.errors import QueueNotFound, TopicNotFound
+from polymq.storage.node_metrics import histogram_family
 
 __all__ = ["OperatorMetrics"]
 
@@ -42,17 +37,6 @@ class _Taken:
     appended: dict[tuple[str, str], int] = field(default_factory=dict)
     # (namespace, group, topic) -> latest minus committed, over the topic's queues
     lag: dict[tuple[str, str, str], int] = field(default_factory=dict)
-
-
-def _histogram(name: str, help_text: str, histograms: Histograms) -> HistogramMetricFamily:
-    family = HistogramMetricFamily(name, help_text, labels=["protocol"])
-    for protocol, snap in sorted(histograms.snapshot().items()):
-        family.add_metric(
-            [protocol],
-            [(str(bound) if bound != float("inf") else "+Inf", n) for bound, n in snap.buckets],
-            snap.total,
-        )
-    return family
 
 
 class _Collector(Collector):
@@ -77,16 +61,18 @@ class _Collector(Collector):
         for (namespace, group, topic), n in sorted(self._taken.lag.items()):
             lag.add_metric([namespace, group, topic], n)
         yield lag
-        yield _histogram(
+        yield histogram_family(
             "polymq_append_latency_seconds",
             "From a publish reaching storage to storage's acknowledgement (fsync included "
             "with sync durability), per protocol.",
-            self._processor.append_latency,
+            "protocol",
+            self._processor.append_latency.snapshot(),
         )
-        yield _histogram(
+        yield histogram_family(
             "polymq_delivery_age_seconds",
             "How long the oldest message of each delivery had been stored, per protocol.",
-            self._processor.delivery_age,
+            "protocol",
+            self._processor.delivery_age.snapshot(),
         )
 
 

@@ -32,6 +32,7 @@ import logging
 import mmap
 import os
 import struct
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -40,6 +41,7 @@ import crc32c
 
 from polymq.storage.engine.config import Durability
 from polymq.storage.engine.files import fsync_directory
+from polymq.storage.engine.stats import LogStats
 from polymq.storage.errors import StorageClosed, StorageError, StorageFailed, StorageUnavailable
 
 __all__ = ["HEADER_SIZE", "CommitLog"]
@@ -102,6 +104,9 @@ class CommitLog:
         self._closed = False
         self._dir_dirty = False
         self._unsynced: set[_Segment] = set()  # async durability: written, not fsynced
+        # For /metrics (stats.py): observed per group and per fsync, never per append.
+        self.stats = LogStats()
+        self._group_since = 0.0  # when the first record of the pending group was queued
 
     # -- opening and recovery -----------------------------------------------------
 
@@ -269,6 +274,8 @@ class CommitLog:
         if position > segment.base and position - segment.base + size > self._segment_bytes:
             segment = self._create_segment(position)
         frame = _HEADER.pack(len(payload), crc32c.crc32c(payload)) + payload
+        if not self._pending:  # the first of a group: when its wait starts (stats.commit)
+            self._group_since = time.perf_counter()
         self._pending.append((segment, frame, on_durable))
         if durable:
             self._pending_durable = True
@@ -333,6 +340,7 @@ class CommitLog:
             self._wakeup.clear()
             while self._pending or (sync and (self._sync_due or self._waiters)):
                 batch, self._pending = self._pending, []
+                since = self._group_since
                 start, end = self._durable_end, self._reserved_end
                 # Records nobody waits to be fsynced: written now, fsynced later.
                 fsync = sync and (self._pending_durable or self._sync_due or bool(self._waiters))
@@ -364,9 +372,13 @@ class CommitLog:
                             callback()
                         except Exception:  # our bug: keep acknowledging the others
                             log.exception("commit log: a durability callback failed")
+                stats = self.stats
+                stats.records += len(batch)
                 if fsync or not sync:
                     self._durable_end = end
                     self._wake_waiters()
+                    if batch:
+                        stats.commit.observe(time.perf_counter() - since)
                 elif self._sync_timer is None:
                     self._sync_timer = loop.call_later(
                         self._flush_interval_ms / 1000, self._sync_later
@@ -431,17 +443,23 @@ class CommitLog:
         if fsync:
             for segment in earlier or ():
                 if segment.fd >= 0 and segment not in touched:
-                    os.fdatasync(segment.fd)
+                    self._fdatasync(segment.fd)
             for segment in touched:
-                os.fdatasync(segment.fd)
+                self._fdatasync(segment.fd)
             if new_dir_entry:
                 self._fsync_dir()
         else:
             self._unsynced.update(touched)
 
-    @staticmethod
-    def _write_chunks(segment: _Segment, chunks: list[bytes]) -> None:
+    def _fdatasync(self, fd: int) -> None:
+        """``fdatasync``, timed (in the fsync thread, the only one that fsyncs)."""
+        began = time.perf_counter()
+        os.fdatasync(fd)
+        self.stats.fsync.observe(time.perf_counter() - began)
+
+    def _write_chunks(self, segment: _Segment, chunks: list[bytes]) -> None:
         data = b"".join(chunks)
+        self.stats.bytes += len(data)
         view = memoryview(data)
         while view:
             written = os.pwrite(segment.fd, view, segment.size)
@@ -462,7 +480,7 @@ class CommitLog:
     def _fsync_all(self, segments: list[_Segment]) -> None:
         for segment in segments:
             if segment.fd >= 0:
-                os.fdatasync(segment.fd)
+                self._fdatasync(segment.fd)
         self._fsync_dir()
 
     def _take_unsynced(self) -> list[_Segment]:

@@ -47,6 +47,7 @@ from polymq.storage.engine.offsets import Offsets
 from polymq.storage.engine.pops import Pops
 from polymq.storage.engine.reads import Reads
 from polymq.storage.engine.recovery import recover
+from polymq.storage.engine.stats import LogStats
 from polymq.storage.engine.topics import Topics
 from polymq.storage.engine.transactions import Transactions
 from polymq.storage.lifecycle import Service
@@ -103,6 +104,11 @@ class Engine(Service):
         self._latest = LatestValues(core)
         self._metadata = Metadata(core)
         self._maintenance = Maintenance(core, self._reads.forget_decoded)
+
+    @property
+    def log_stats(self) -> LogStats:
+        """Its commit log's fsync and group-commit figures, for /metrics."""
+        return self._log.stats
 
     # ------------------------------------------------------------------ lifecycle
 

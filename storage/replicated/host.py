@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ class ShardHost(Service):
         self.served: dict[str, _Served] = {}
         self._changed = asyncio.Event()
         self._foreign_after = 0.0
+        pool.stats.shards = len(self.shards)
 
     @property
     def name(self) -> str:
@@ -136,11 +138,13 @@ class ShardHost(Service):
         for shard in order:
             if shard in self.served or (shard not in self.prefer and shard in preferred_elsewhere):
                 continue
+            claiming = time.perf_counter()
             held = await self.pool.try_claim(shard)
             if held is not None:
-                await self._serve(shard, held)
+                await self._serve(shard, held, claiming)
 
-    async def _serve(self, shard: str, held: Held) -> None:
+    async def _serve(self, shard: str, held: Held, claiming: float) -> None:
+        """Serve ``shard`` (its lease won by a claim begun at ``claiming``)."""
         made: list[ReplicatedLog] = []
 
         async def claim() -> Claim:
@@ -174,10 +178,12 @@ class ShardHost(Service):
             await keeper.stop(release=True)
             return
         self.served[shard] = _Served(node, held, made[0])
+        self.pool.stats.took_over(shard, time.perf_counter() - claiming)
         log.info("shard %s: serving it (epoch %d) at %s:%d", shard, held.claim.epoch, *node.address)
 
     async def _drop(self, shard: str, *, release: bool) -> None:
         served = self.served.pop(shard)
+        self.pool.stats.owned.discard(shard)
         try:
             # Closing checkpoints (bounded calls to NATS); a hand-over must not wait
             # for ever on one, the stream has every acknowledged record anyway.

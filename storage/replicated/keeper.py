@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from polymq.storage.errors import ShardMoved
 from polymq.storage.replicated.leases import Lease, LeaseStore
+from polymq.storage.replicated.stats import ReplicationStats
 
 __all__ = ["LeaseKeeper"]
 
@@ -22,9 +23,14 @@ class LeaseKeeper:
     for longer than the lease, and the key expired or was taken)."""
 
     def __init__(
-        self, store: LeaseStore, lease: Lease, on_lost: Callable[[BaseException], None]
+        self,
+        store: LeaseStore,
+        lease: Lease,
+        on_lost: Callable[[BaseException], None],
+        stats: ReplicationStats | None = None,
     ) -> None:
         self.store = store
+        self._stats = stats  # failed renewals and lost leases, for /metrics
         self.lease = lease
         self.on_lost = on_lost
         self._task: asyncio.Task[None] | None = None
@@ -48,6 +54,8 @@ class LeaseKeeper:
                     renewed = await self.store.renew(self.lease)
             except Exception as exc:  # NATS unreachable right now: try again
                 log.warning("shard %s: lease renewal failed: %r", self.lease.shard, exc)
+                if self._stats is not None:
+                    self._stats.renewals_failed[self.lease.shard] += 1
                 continue
             if not renewed:
                 self._lose("another node holds its lease, or it expired")
@@ -55,6 +63,8 @@ class LeaseKeeper:
 
     def _lose(self, why: str) -> None:
         self.lost = True
+        if self._stats is not None:
+            self._stats.leases_lost[self.lease.shard] += 1
         error = ShardMoved(f"shard {self.lease.shard} lost: {why}")
         log.error("%s", error)
         self.on_lost(error)

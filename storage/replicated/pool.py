@@ -17,6 +17,7 @@ from polymq.storage.replicated.config import ReplicationConfig
 from polymq.storage.replicated.keeper import LeaseKeeper
 from polymq.storage.replicated.leases import LeaseStore
 from polymq.storage.replicated.log import Claim
+from polymq.storage.replicated.stats import ReplicationStats
 from polymq.storage.replicated.stream import ShardStream
 
 __all__ = ["Held", "NatsPool", "PoolError"]
@@ -47,6 +48,8 @@ class NatsPool:
         self._nc: Client | None = None
         self._leases: LeaseStore | None = None
         self._checkpoints: CheckpointStore | None = None
+        # This process's publish, lease and takeover figures, for /metrics.
+        self.stats = ReplicationStats()
 
     @property
     def leases(self) -> LeaseStore:
@@ -119,6 +122,7 @@ class NatsPool:
             shard,
             replicas=self.config.replicas,
             chunk_bytes=self.config.chunk_bytes,
+            stats=self.stats,
         )
 
     async def try_claim(self, shard: str) -> Held | None:
@@ -135,7 +139,7 @@ class NatsPool:
             await self.leases.release(lease)
             raise
         claim = Claim(stream=stream, checkpoints=self._checkpoints, epoch=lease.epoch)
-        return Held(claim, LeaseKeeper(self.leases, lease, lambda exc: None))
+        return Held(claim, LeaseKeeper(self.leases, lease, lambda exc: None, self.stats))
 
     async def wait_claim(self, shard: str) -> Held:
         """Wait until the shard is free and take it (a standby's start)."""

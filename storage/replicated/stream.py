@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, StorageType, S
 from nats.js.errors import APIError, NotFoundError
 
 from polymq.storage.errors import ShardMoved, StorageFailed
+from polymq.storage.replicated.stats import ReplicationStats
 
 __all__ = ["ShardStream", "StreamMessage", "stream_name"]
 
@@ -66,8 +68,10 @@ class ShardStream:
         replicas: int,
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         publish_timeout_s: float = 30.0,
+        stats: ReplicationStats | None = None,
     ) -> None:
         self._js = js
+        self._stats = stats  # publish-acknowledgement times, for /metrics
         self.shard = shard
         self.name = stream_name(shard)
         self.subject = f"polymq.log.{shard}"
@@ -202,6 +206,7 @@ class ShardStream:
         if not data:
             headers[EPOCH] = str(self.epoch)
         loop = asyncio.get_running_loop()
+        began = time.perf_counter()
         deadline = loop.time() + self.publish_timeout_s
         delay = 0.05
         retry = False
@@ -224,6 +229,8 @@ class ShardStream:
                 error = exc
             else:
                 self.last_seq = ack.seq
+                if self._stats is not None:
+                    self._stats.publish.observe(self.shard, time.perf_counter() - began)
                 return ack.seq
             retry = True
             if loop.time() >= deadline:
