@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from bench._server import (
     ServerExited,
     free_port,
     process_server,
+    stop_process,
 )
 
 __all__ = [
@@ -207,13 +207,7 @@ def _start_rabbitmq(
 
 
 def _stop_rabbitmq(proc: subprocess.Popen[bytes], beam: psutil.Process | None) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(STOP_TIMEOUT_S)
+    stop_process(proc)  # SIGTERM: the script's trap stops the VM cleanly
     if beam is not None and beam.is_running():
         with contextlib.suppress(psutil.Error):
             beam.terminate()

@@ -37,6 +37,7 @@ __all__ = [
     "polymq_server",
     "process_server",
     "server_under_test",
+    "stop_process",
 ]
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,7 +107,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float) ->
         time.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen[bytes], timeout: float) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = STOP_TIMEOUT_S) -> None:
     """SIGTERM (polymq stops cleanly on it: storage flushed), then SIGKILL if the
     process is still there after ``timeout``, so a stuck server never outlives the
     benchmark."""
@@ -138,7 +139,7 @@ def process_server(
         _wait_listening(port, proc, start_timeout)
         yield Server(HOST, port, proc.pid, label)
     finally:
-        _stop(proc, STOP_TIMEOUT_S)
+        stop_process(proc)
 
 
 def _env_name(key: str) -> str:
