@@ -3,10 +3,16 @@
 For 100 B and 4 KiB bodies: send msgs/s one at a time (``send``) and pipelined
 (``send_async``, a window of futures), SimpleConsumer receive (batches of 32) + ack
 msgs/s, and end-to-end latency p50/p99 at a paced 1,000 msgs/s (and 200 msgs/s); plus
-the server's CPU and RSS. Every scenario is bounded in count and time.
+the server's CPU and RSS, and this process's CPU (the client's: one sync producer is
+limited by the client's own work as much as by the server's). Every scenario is
+bounded in count and time.
 
     .venv/bin/python -m bench.rocketmq                          # starts polymq itself
+    .venv/bin/python -m bench.rocketmq --scenarios sync,async --sizes 100
+    .venv/bin/python -m bench.rocketmq --flush sync             # sends wait for fsync
     .venv/bin/python -m bench.rocketmq --target 127.0.0.1:8081 [--server-pid PID]
+
+A live progress line goes to stderr on a terminal (none off a terminal or with ``CI``).
 
 With ``--target`` it measures whatever listens there (Apache RocketMQ's proxy, say);
 pass ``--server-pid`` to get that server's CPU and RSS too.
@@ -18,6 +24,7 @@ import argparse
 import contextlib
 import logging
 import os
+import resource
 import struct
 import threading
 import time
@@ -29,8 +36,10 @@ from typing import Any
 
 from bench._server import Meter, add_target_options, server_under_test
 from bench._stats import p50_p99_ms
+from polymq.gateway.progress import Progress
 
 SIZES = (100, 4096)
+SCENARIOS = ("sync", "async", "receive", "latency")
 
 SYNC_COUNT = 3_000
 ASYNC_COUNT = 10_000
@@ -154,49 +163,82 @@ def latency(endpoint: str, topic: str, size: int, rate: int) -> tuple[float, flo
     return p50, p99, len(latencies)
 
 
-def run(host: str, port: int, meter: Meter, label: str) -> None:
+def _client_cpu() -> float:
+    """This process's CPU seconds so far (every thread: the client's event loop too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+_NAMES = {
+    "sync": "send (sync, one at a time)",
+    "async": f"send_async (window {ASYNC_WINDOW})",
+    "receive": "SimpleConsumer receive 32 + ack",
+}
+
+
+def run(
+    host: str,
+    port: int,
+    meter: Meter,
+    label: str,
+    *,
+    sizes: tuple[int, ...] = SIZES,
+    scenarios: tuple[str, ...] = SCENARIOS,
+) -> None:
     endpoint = f"{host}:{port}"
     print(f"# RocketMQ 5 gRPC benchmark against {label} at {endpoint} (rocketmq-python-client)")
+    print(f"# load average {os.getloadavg()[0]:.1f}")
     print(
         f"{'scenario':<34} {'size':>6} {'msgs':>7} {'msgs/s':>9} {'MB/s':>7} "
-        f"{'cpu%':>6} {'cpu us/msg':>10}"
+        f"{'cpu%':>6} {'cpu us/msg':>10} {'client us/msg':>13}"
     )
-    for size in SIZES:
-        topic = f"bench-{size}-{uuid.uuid4().hex[:8]}"
-        sent_total = 0
-        for name in (
-            "send (sync, one at a time)",
-            f"send_async (window {ASYNC_WINDOW})",
-            "SimpleConsumer receive 32 + ack",
-        ):
-            cpu = meter.cpu()
-            if name.startswith("send ("):
-                count, elapsed = send_sync(endpoint, topic, size)
-            elif name.startswith("send_async"):
-                count, elapsed = send_async(endpoint, topic, size)
-            else:
-                count, elapsed = receive_ack(endpoint, topic, sent_total)
-            if not name.startswith("Simple"):
-                sent_total += count + 1  # the warm-up message too
-            used = meter.cpu() - cpu
-            cpu_pct = used / elapsed * 100 if elapsed else 0.0
-            rate = count / elapsed if elapsed else 0.0
-            per_msg = used / count * 1e6 if count else 0.0
-            print(
-                f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {rate * size / 1e6:>7.1f} "
-                f"{cpu_pct:>6.0f} {per_msg:>10.0f}",
-                flush=True,
-            )
-        for rate in LATENCY_RATES:
-            cpu = meter.cpu()
-            p50, p99, n = latency(endpoint, f"{topic}-lat{rate}", size, rate)
-            cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
-            label = f"end-to-end @{rate}/s p50/p99 ms"
-            print(
-                f"{label:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f}",
-                flush=True,
-            )
+    steps = len(sizes) * (
+        sum(1 for name in scenarios if name != "latency")
+        + (len(LATENCY_RATES) if "latency" in scenarios else 0)
+    )
+    with Progress(steps, "bench.rocketmq") as progress:
+        for size in sizes:
+            topic = f"bench-{size}-{uuid.uuid4().hex[:8]}"
+            sent_total = 0
+            for scenario in (name for name in SCENARIOS if name in scenarios and name in _NAMES):
+                name = _NAMES[scenario]
+                progress.step(f"{name} {size} B")
+                cpu, client = meter.cpu(), _client_cpu()
+                if scenario == "sync":
+                    count, elapsed = send_sync(endpoint, topic, size)
+                elif scenario == "async":
+                    count, elapsed = send_async(endpoint, topic, size)
+                else:
+                    count, elapsed = receive_ack(endpoint, topic, sent_total)
+                if scenario != "receive":
+                    sent_total += count + 1  # the warm-up message too
+                used, client_used = meter.cpu() - cpu, _client_cpu() - client
+                cpu_pct = used / elapsed * 100 if elapsed else 0.0
+                rate = count / elapsed if elapsed else 0.0
+                per_msg = used / count * 1e6 if count else 0.0
+                client_per_msg = client_used / count * 1e6 if count else 0.0
+                progress.note(
+                    f"{name:<34} {size:>6} {count:>7} {rate:>9.0f} {rate * size / 1e6:>7.1f} "
+                    f"{cpu_pct:>6.0f} {per_msg:>10.0f} {client_per_msg:>13.0f}"
+                )
+            if "latency" not in scenarios:
+                continue
+            for rate in LATENCY_RATES:
+                progress.step(f"end-to-end @{rate}/s {size} B")
+                cpu = meter.cpu()
+                p50, p99, n = latency(endpoint, f"{topic}-lat{rate}", size, rate)
+                cpu_pct = (meter.cpu() - cpu) / LATENCY_SECONDS * 100
+                row = f"end-to-end @{rate}/s p50/p99 ms"
+                progress.note(f"{row:<34} {size:>6} {n:>7} {p50:>9.2f} {p99:>7.2f} {cpu_pct:>6.0f}")
     print(f"server RSS: {meter.rss_mib():.0f} MiB")
+
+
+def _names(text: str, known: tuple[str, ...]) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown {unknown}; known: {', '.join(known)}")
+    return names
 
 
 def main() -> None:
@@ -204,10 +246,41 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_target_options(parser)
+    parser.add_argument(
+        "--scenarios",
+        type=lambda text: _names(text, SCENARIOS),
+        default=SCENARIOS,
+        help=f"comma-separated, of {', '.join(SCENARIOS)} (default: all)",
+    )
+    parser.add_argument(
+        "--sizes",
+        type=lambda text: tuple(int(part) for part in text.split(",")),
+        default=SIZES,
+        help="body sizes in bytes, comma-separated (default: 100,4096)",
+    )
+    parser.add_argument(
+        "--flush",
+        choices=("async", "sync"),
+        default="async",
+        help="polymq's rocketmq.flush: async answers a send once written (the default), "
+        "sync once fsynced",
+    )
     args = parser.parse_args()
     logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
-    with server_under_test("rocketmq", target=args.target, server_pid=args.server_pid) as server:
-        run(server.host, server.port, Meter(server.pid), server.label)
+    with server_under_test(
+        "rocketmq",
+        target=args.target,
+        server_pid=args.server_pid,
+        settings={"rocketmq.flush": args.flush},
+    ) as server:
+        run(
+            server.host,
+            server.port,
+            Meter(server.pid),
+            server.label,
+            sizes=args.sizes,
+            scenarios=args.scenarios,
+        )
 
 
 if __name__ == "__main__":
