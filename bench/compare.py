@@ -7,8 +7,8 @@ and stopped at the end. The machine is shared and noisy, so the two sides of a c
 run back to back, the one going first alternating from case to case and round to
 round, and the table shows the median of ``--runs`` rounds (3 by default) with
 polymq / reference ratios: above 1 is more messages per second, or more milliseconds
-or CPU per message, than the reference. Server CPU is user + system time of the
-broker process (all its threads) over the case, per message it carried.
+or CPU per message, than the reference. Server CPU is the broker process's time on a
+CPU (all its threads, ``bench/_cpu.py``) over the case, per message it carried.
 
     make bench-compare                              # installs the brokers if missing
     .venv/bin/python -m bench.compare               # about 5 minutes on 2 busy cores
@@ -45,13 +45,14 @@ import pika
 from bench import amqp as amqp_bench
 from bench import latency as latency_bench
 from bench import mqtt as mqtt_bench
+from bench._cpu import CpuSpan
 from bench._reference import (
     mosquitto_installed,
     mosquitto_server,
     rabbitmq_installed,
     rabbitmq_server,
 )
-from bench._server import Meter, Server, polymq_server
+from bench._server import Server, polymq_server
 from polymq.gateway.progress import Progress
 
 __all__ = ["CASES", "Case", "Counts", "Figures", "main", "table_rows"]
@@ -166,12 +167,11 @@ def _amqp_consume(server: Server, counts: Counts) -> Outcome:
     queue = f"cmp-{uuid.uuid4().hex[:8]}"
     try:
         amqp_bench.publish(server.host, server.port, queue, 100, counts.consume, False)
-        meter = Meter(server.pid)
-        cpu = meter.cpu()
+        span = CpuSpan(server.pid)
         got, seconds = amqp_bench.consume(
             server.host, server.port, queue, counts.consume, ack_every=amqp_bench.PREFETCH // 2
         )
-        return Outcome(got, seconds, cpu_s=meter.cpu() - cpu)
+        return Outcome(got, seconds, cpu_s=span.seconds())
     finally:
         amqp_bench.delete_queue(server.host, server.port, queue)
 
@@ -245,10 +245,9 @@ ROWS: tuple[tuple[str, str, str], ...] = (
 
 
 def _measure(case: Case, server: Server, counts: Counts) -> Figures:
-    meter = Meter(server.pid)
-    cpu = meter.cpu()
+    span = CpuSpan(server.pid)
     out = case.run(server, counts)
-    used = meter.cpu() - cpu if out.cpu_s is None else out.cpu_s
+    used = span.seconds() if out.cpu_s is None else out.cpu_s
     return Figures(
         msgs=out.msgs,
         seconds=out.seconds,

@@ -12,25 +12,18 @@ import asyncio
 import contextlib
 import logging
 import socket
-from collections.abc import Awaitable
 from typing import Any
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.typing import Subprotocol
 
-from polymq.gateway.connections import current_connection_id, serving_connection
-from polymq.gateway.listeners import (
-    ConnectionHandler,
-    GatewayTcpListener,
-    Listener,
-    ListenerBase,
-    ListenerContext,
-    peer_certificate_name,
-)
+from polymq.gateway.connections import serving_connection
+from polymq.gateway.listeners import Listener, ListenerBase, ListenerContext
 from polymq.protocols.mqtt.connection import MqttConnection
 from polymq.protocols.mqtt.options import MqttOptions
 from polymq.protocols.mqtt.services import MqttServices, services_for
-from polymq.protocols.mqtt.transport import TcpTransport, WebSocketTransport
+from polymq.protocols.mqtt.tcp_listener import MqttTcpListener
+from polymq.protocols.mqtt.transport import WebSocketTransport
 from polymq.protocols.mqtt.ws_handshake import GuardedConnection, check_request
 
 __all__ = ["MqttWebSocketListener", "mqtt_listener", "mqtt_ws_listener"]
@@ -45,36 +38,7 @@ _MAX_QUEUED_FRAMES = 4
 
 
 def mqtt_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:
-    services = services_for(context, options)
-    tls = context.tls
-
-    def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Awaitable[None]:
-        # The connection's coroutine itself (no frame around it while it is idle).
-        transport = TcpTransport(reader, writer)
-        name = peer_certificate_name(writer, tls)
-        return MqttConnection(
-            services, transport, current_connection_id(), certificate_name=name
-        ).run()
-
-    return _MqttTcpListener(context, services, handle)
-
-
-class _MqttTcpListener(GatewayTcpListener):
-    """The TCP listener, which also starts and stops the brokers' background work."""
-
-    def __init__(
-        self, context: ListenerContext, services: MqttServices, handler: ConnectionHandler
-    ) -> None:
-        super().__init__(context, handler, protocol="mqtt")
-        self._services = services
-
-    async def start(self) -> None:
-        await super().start()
-        self._services.start()
-
-    async def stop(self) -> None:
-        await super().stop()
-        await self._services.stop()
+    return MqttTcpListener(context, services_for(context, options))
 
 
 def mqtt_ws_listener(context: ListenerContext, options: MqttOptions | None = None) -> Listener:

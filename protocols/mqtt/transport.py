@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable
-from typing import Protocol
+from typing import Any, Protocol, cast
 
 from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
@@ -46,33 +46,128 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class TcpTransport:
-    __slots__ = ("_reader", "_writer")
+class TcpTransport(asyncio.Protocol):
+    """MQTT over TCP (or TLS) as the loop's protocol itself, not a StreamReader,
+    StreamReaderProtocol and StreamWriter: those three, their futures and the deque
+    of drain waiters weighed about 2.5 KiB per connection, and servers hold tens of
+    thousands of mostly idle ones. An idle connection holds this object, its empty
+    buffer and the one future its task awaits.
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self._reader = reader
-        self._writer = writer
+    What arrives while the connection handles a batch waits here, up to
+    ``READ_BYTES``; past that reading pauses, so the peer is held back by TCP rather
+    than by our memory (as StreamReader's limit did)."""
+
+    __slots__ = ("_buffer", "_closed", "_drained", "_eof", "_paused", "_transport", "_waiter")
+
+    def __init__(self) -> None:
+        self._transport: asyncio.Transport | None = None
+        self._buffer = b""
+        self._eof = False
+        self._paused = False  # reading paused: the buffer is full
+        self._waiter: asyncio.Future[bytes] | None = None  # a read waiting for bytes
+        self._drained: asyncio.Future[None] | None = None  # a drain waiting for room
+        self._closed: asyncio.Future[None] | None = None  # wait_closed's
+
+    # -- asyncio.Protocol ------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # (uvloop's TCP transports have every method but do not subclass Transport)
+        self._transport = cast(asyncio.Transport, transport)
+
+    def data_received(self, data: bytes) -> None:
+        self._buffer = self._buffer + data if self._buffer else data
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(self._take())
+                return
+        if len(self._buffer) > READ_BYTES and not self._paused and self._transport is not None:
+            self._paused = True
+            self._transport.pause_reading()
+
+    def eof_received(self) -> bool:
+        self._end()
+        return True  # keep the transport: the connection closes it after its goodbye
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._end()
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
+        if not self._closed.done():
+            self._closed.set_result(None)
+
+    def pause_writing(self) -> None:
+        if self._drained is None:
+            self._drained = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        drained, self._drained = self._drained, None
+        if drained is not None and not drained.done():
+            drained.set_result(None)
+
+    def _end(self) -> None:
+        """The peer closed (or the connection was lost): reads return ``b""`` once
+        what arrived before is read."""
+        self._eof = True
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(self._take())
+
+    def _take(self) -> bytes:
+        data, self._buffer = self._buffer[:READ_BYTES], self._buffer[READ_BYTES:]
+        if self._paused and len(self._buffer) <= READ_BYTES and self._transport is not None:
+            self._paused = False
+            self._transport.resume_reading()
+        return data
+
+    # -- Transport (what the MQTT connection uses) -----------------------------------
 
     def read(self) -> Awaitable[bytes]:
-        # The reader's coroutine itself, not one around it: a frame less per
-        # (mostly idle) connection.
-        return self._reader.read(READ_BYTES)
+        # A future, not a coroutine: no frame per (mostly idle) connection.
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        if self._buffer or self._eof:
+            future.set_result(self._take())
+        else:
+            self._waiter = future
+        return future
 
     def write(self, data: bytes) -> None:
-        if not self._writer.is_closing():
-            self._writer.write(data)
+        transport = self._transport
+        if transport is not None and not transport.is_closing():
+            transport.write(data)
 
     def limit_packets(self, max_bytes: int) -> None:
         pass  # the decoder holds what a stream brings, and checks it
 
     def backlog(self) -> int:
-        return self._writer.transport.get_write_buffer_size()
+        transport = self._transport
+        return 0 if transport is None else transport.get_write_buffer_size()
 
     async def drain(self) -> None:
-        await self._writer.drain()
+        drained = self._drained
+        if drained is not None:
+            await asyncio.shield(drained)
 
     def close(self) -> None:
-        self._writer.close()
+        if self._transport is not None:
+            self._transport.close()
+
+    async def wait_closed(self) -> None:
+        """Until the loop says the connection is gone (after ``close``)."""
+        if self._closed is None:
+            self._closed = asyncio.get_running_loop().create_future()
+        await asyncio.shield(self._closed)
+
+    def abort(self) -> None:
+        if self._transport is not None:
+            self._transport.abort()
+
+    def get_extra_info(self, name: str) -> Any:
+        return None if self._transport is None else self._transport.get_extra_info(name)
 
 
 class WebSocketTransport:

@@ -63,6 +63,7 @@ def test_quick_comparison_prints_every_row_with_a_ratio(tmp_path: Path) -> None:
     assert list(rows) == wanted
     for label, row in rows.items():
         assert RATIO.match(row["ratio"]), (label, row)
+        assert RATIO.match(row["cpu_ratio"]), (label, row)  # nanosecond CPU: never 0
         assert "n/a" not in row["polymq"] and "n/a" not in row["reference"], (label, row)
         assert f"| {label} |" in result.stdout
     assert not data["errors"]

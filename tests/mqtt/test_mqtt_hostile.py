@@ -283,7 +283,7 @@ def _answers_written(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[int
     write = TcpTransport.write
 
     def recording(transport: TcpTransport, data: bytes) -> None:
-        peer = transport._writer.get_extra_info("peername")
+        peer = transport.get_extra_info("peername")
         written.append((peer[1], data[0] >> 4))
         write(transport, data)
 

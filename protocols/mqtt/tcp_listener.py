@@ -1,0 +1,188 @@
+"""The MQTT TCP listener (``mqtt``, and ``mqtts`` with TLS): the gateway's
+:class:`~polymq.gateway.listeners.TcpListener` contract (TCP_NODELAY, the connection
+registry and its limits, the handshake deadline from the TCP accept, TLS by the loop,
+every connection closed on stop), served with :class:`TcpTransport` as the loop's
+protocol instead of asyncio streams.
+
+Why not the gateway's listener: its StreamReader, StreamReaderProtocol, StreamWriter
+and the closures around each connection's handler weighed about 3.5 KiB per
+connection, most of the memory an idle MQTT connection held (docs/mqtt.md, "Memory
+per connection")."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Any
+
+from polymq.gateway.connections import TooManyConnections, serving_connection
+from polymq.gateway.listeners import ListenerBase, ListenerContext
+from polymq.protocols.mqtt.connection import MqttConnection
+from polymq.protocols.mqtt.services import MqttServices
+from polymq.protocols.mqtt.transport import TcpTransport
+
+__all__ = ["MqttTcpListener"]
+
+log = logging.getLogger(__name__)
+
+_CLOSE_GRACE_S = 2.0  # for the goodbye to flush before a peer that stops reading is cut
+
+
+class MqttTcpListener(ListenerBase):
+    """MQTT over TCP (or TLS), one :class:`_Served` per connection."""
+
+    def __init__(self, context: ListenerContext, services: MqttServices) -> None:
+        super().__init__(context.name, context.port)
+        self._context = context
+        self._services = services
+        self._server: asyncio.AbstractServer | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._stopping = False
+
+    @property
+    def open_connections(self) -> int:
+        return len(self._tasks)
+
+    async def start(self) -> None:
+        if self._server is not None:
+            raise RuntimeError(f"listener {self._name} is already started")
+        self._stopping = False
+        loop = asyncio.get_running_loop()
+        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+        tls: dict[str, Any] = {}
+        if self._context.tls is not None:
+            # The loop's own TLS: a connection is made (and registered) once it is done.
+            tls = {"ssl": self._context.tls.context, "ssl_handshake_timeout": timeout_s}
+
+        def accepted() -> _Served:
+            # At the TCP accept, before any TLS handshake: the deadline counts from here.
+            return _Served(self, loop.time())
+
+        self._server = await loop.create_server(
+            accepted, self._context.host, self._context.port, **tls
+        )
+        sockname = self._server.sockets[0].getsockname()
+        self._address = (sockname[0], sockname[1])
+        self._services.start()
+
+    async def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        self._stopping = True
+        server.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await server.wait_closed()
+        self._address = None
+        await self._services.stop()
+
+    # -- one connection ------------------------------------------------------------------
+
+    def serve(self, served: _Served, accepted_at: float) -> None:
+        """Register the connection made on ``served`` and start its task, or close it
+        (the listener stopping, a connection limit reached)."""
+        transport = served._transport
+        assert transport is not None
+        if self._stopping:
+            transport.close()
+            return
+        sock: socket.socket | None = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        peer = _format_peer(transport.get_extra_info("peername"))
+        registry = self._context.connections
+        try:
+            conn_id = registry.register(protocol="mqtt", peer=peer, close=served.kick).id
+        except TooManyConnections as e:
+            log.warning("%s: refused %s: %s", self._name, peer, e)
+            transport.close()
+            return
+        task = asyncio.get_running_loop().create_task(self._run(served, conn_id, peer))
+        served.task = task
+        self._tasks.add(task)
+        self._deadline(conn_id, peer, task, accepted_at)
+
+    async def _run(self, served: _Served, conn_id: int, peer: str) -> None:
+        tls = self._context.tls
+        name = tls.principal_name(served.get_extra_info("ssl_object")) if tls else None
+        try:
+            with serving_connection(conn_id):
+                await MqttConnection(self._services, served, conn_id, certificate_name=name).run()
+        except asyncio.CancelledError:
+            pass  # stop() or a kick: the connection just closes
+        except ConnectionError as e:  # the peer went away: not our bug
+            log.debug("%s: connection from %s lost: %s", self._name, peer, e)
+        except Exception:
+            log.exception("%s: connection from %s failed; closing it", self._name, peer)
+        finally:
+            self._context.connections.unregister(conn_id)
+            try:
+                await _close(served)
+            finally:
+                task = asyncio.current_task()
+                if task is not None:
+                    self._tasks.discard(task)  # only now: stop() waits for the close too
+
+    def _deadline(self, conn_id: int, peer: str, task: asyncio.Task[None], at: float) -> None:
+        """Close the connection unless CONNECT (and its login) was accepted within the
+        handshake timeout of the TCP accept. A timer, gone once fired (not cancelled
+        earlier: a cancelled timer is dropped no sooner, and a done callback on the
+        task to cancel it would be kept for the connection's life)."""
+        registry = self._context.connections
+        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+
+        def expire() -> None:
+            if not registry.is_established(conn_id) and not task.done():
+                log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout_s)
+                task.cancel()
+
+        asyncio.get_running_loop().call_at(at + timeout_s, expire)
+
+
+class _Served(TcpTransport):
+    """A connection's transport that, once made, asks the listener to serve it."""
+
+    __slots__ = ("_accepted_at", "_listener", "task")
+
+    def __init__(self, listener: MqttTcpListener, accepted_at: float) -> None:
+        super().__init__()
+        self._listener = listener
+        self._accepted_at = accepted_at
+        self.task: asyncio.Task[None] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self._listener.serve(self, self._accepted_at)
+
+    async def kick(self) -> None:
+        """The registry's close: end the connection's task (an admin's kick, the
+        gateway's shutdown) and wait for it."""
+        task = self.task
+        if task is None:
+            self.close()
+            return
+        task.cancel()
+        if task is not asyncio.current_task():
+            await asyncio.wait([task])
+
+
+async def _close(served: TcpTransport) -> None:
+    """Close after flushing what the connection wrote (its goodbye), but abort a peer
+    that stops reading rather than let it hold up shutdown."""
+    served.close()
+    try:
+        async with asyncio.timeout(_CLOSE_GRACE_S):
+            await served.wait_closed()
+    except (TimeoutError, asyncio.CancelledError):
+        served.abort()
+
+
+def _format_peer(peername: object) -> str:
+    if isinstance(peername, tuple) and len(peername) >= 2:
+        host, port = peername[0], peername[1]
+        return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+    return str(peername)
