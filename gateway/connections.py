@@ -81,6 +81,9 @@ class Connection:
     principal: Principal | None = None
     namespace: str | None = None
     client_id: str | None = None
+    # The consumer group the client consumes for, when its protocol says so on the
+    # connection (RocketMQ's settings): the admin API's group members.
+    group: str | None = None
 
 
 class ConnectionRegistry:
@@ -233,6 +236,12 @@ class ConnectionRegistry:
 
     def get(self, connection_id: int) -> Connection | None:
         return self._open.get(connection_id)
+
+    def consumes_for(self, connection_id: int, group: str | None) -> None:
+        """Record the consumer group a connection's client consumes for."""
+        old = self._open.get(connection_id)
+        if old is not None:
+            self._open[connection_id] = replace(old, group=group)
 
     def list(
         self, *, protocol: str | None = None, namespace: str | None = None

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, HTTPException, Request
 from pydantic import BaseModel, Field
 
-from polymq.protocols.http.admin_members import members_of
+from polymq.protocols.http.admin_members import connected_members, members_of
 from polymq.protocols.http.admin_scope import AdminScope, body_schema
 from polymq.storage.errors import QueueNotFound, TopicNotFound
 from polymq.storage.model import QueueRef
@@ -47,12 +47,14 @@ def groups_router(scope: AdminScope) -> APIRouter:
         stores it for takeover (``kafka.group`` metadata); for the AMQP groups
         (``amqp``, ``amqp:<view>``) the consumers of their queues and for ``mqtt`` the
         shared subscriptions of stored sessions, with each queue's lag in
-        ``pop_queues``. Every member has its ``protocol``."""
+        ``pop_queues``; and the RocketMQ clients connected to this gateway whose
+        settings name the group. Every member has its ``protocol``."""
         caller = await admin_in(request, namespace)
         directory = scope.context.directory
         local = {c.id: c for c in scope.context.connections.list()}
         popped = await members_of(processor, caller, group, self_id=directory.self_id, local=local)
-        known = popped is not None and (popped[0] or popped[1])
+        connected = connected_members(group, namespace, directory.self_id, local)
+        known = connected or (popped is not None and (popped[0] or popped[1]))
         if not known and group not in await processor.list_groups(caller):
             raise HTTPException(404, f"no group {group!r} in {namespace!r}")
         rows: list[dict[str, Any]] = []
@@ -84,6 +86,7 @@ def groups_router(scope: AdminScope) -> APIRouter:
             ]
         pop_rows = popped[0] if popped is not None else []
         members += popped[1] if popped is not None else []
+        members += connected
         return {
             "namespace": namespace,
             "name": group,

@@ -8,8 +8,11 @@ the gateways store for every gateway to read, so any gateway answers the same:
   the members are the shared subscriptions of the sessions storage keeps (``mqtt.session``
   metadata: sessions with an expiry), the lag per shared queue what it still holds.
 
+- RocketMQ: the clients connected to this gateway whose settings name the group
+  (the connection registry's ``group``): like ``/admin/connections``, per gateway.
+
 What is not stored cannot be shown: MQTT sessions without an expiry live in one
-gateway's memory only, and RocketMQ clients' sessions too (see docs/admin.md)."""
+gateway's memory only (see docs/admin.md)."""
 
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ from polymq.protocols.mqtt.topic_filter_index import split_shared
 from polymq.storage.errors import QueueNotFound, TopicNotFound
 from polymq.storage.model import QueueRef
 
-__all__ = ["Members", "members_of"]
+__all__ = ["Members", "connected_members", "members_of"]
 
 # (queues: lag per queue, members)
 Members = tuple[list[dict[str, Any]], list[dict[str, Any]]]
@@ -49,6 +52,25 @@ async def members_of(
     if group == MQTT_GROUP:
         return await _mqtt(processor, caller)
     return None
+
+
+def connected_members(
+    group: str, namespace: str, self_id: str, local: Mapping[int, Connection]
+) -> list[dict[str, Any]]:
+    """The clients connected to this gateway that told it they consume for ``group``
+    (RocketMQ consumers' settings)."""
+    return [
+        {
+            "protocol": c.protocol,
+            "member_id": c.client_id,
+            "client_id": c.client_id,
+            "client_host": c.peer,
+            "gateway": self_id,
+            "connection_id": c.id,
+        }
+        for c in sorted(local.values(), key=lambda c: c.id)
+        if c.group == group and c.namespace == namespace
+    ]
 
 
 async def _amqp(

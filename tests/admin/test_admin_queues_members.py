@@ -1,7 +1,8 @@
 """AMQP queues listed as queues, and the members of AMQP and MQTT groups, in the admin
 API and ``polymq admin``, against a live gateway in ``accounts`` mode (both forms),
 compared with what pika and paho did: queues declared, bound, published to and
-consumed without ack; a persistent MQTT session's shared subscription."""
+consumed without ack; a persistent MQTT session's shared subscription; a RocketMQ
+SimpleConsumer of a group."""
 
 from __future__ import annotations
 
@@ -12,13 +13,14 @@ from typing import Any
 
 import pika
 import pytest
+from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
 
 from polymq.gateway.admin_cli import run
-from tests.admin.test_admin_cli import ACCOUNTS, NS, PASSWORD, admin, url, wait_for
+from tests.admin.test_admin_cli import ACCOUNTS, NS, PASSWORD, admin, refused, url, wait_for
 from tests.live_server import LiveServer, live_server, server_config
 from tests.mqtt.helpers import Paho
 
-LISTENERS = ("http", "amqp", "mqtt")
+LISTENERS = ("http", "amqp", "mqtt", "rocketmq")
 
 
 @pytest.fixture(scope="module")
@@ -145,3 +147,29 @@ def test_mqtt_shared_subscription_members_and_lag(server: LiveServer) -> None:
     member.connect(clean_start=False)
     assert len(member.wait_messages(2)) == 2
     member.disconnect()
+
+
+def test_rocketmq_consumer_group_members(server: LiveServer) -> None:
+    """A RocketMQ SimpleConsumer is listed as its group's member, with its client id,
+    while it runs, and no longer once it shut down."""
+    admin(server, "topics", "create", "rmq-orders", "-n", NS)
+    host, port = server.address("rocketmq")
+    config = ClientConfiguration(f"{host}:{port}", Credentials("guest-ak", "guest-sk"), NS)
+    consumer = SimpleConsumer(
+        config, "rmq-group", {"rmq-orders": FilterExpression()}, await_duration=1
+    )
+    consumer.startup()
+
+    def members() -> list[dict[str, Any]]:
+        described = admin(server, "groups", "describe", "rmq-group", "-n", NS)
+        return [m for m in described["members"] if m["protocol"] == "rocketmq"]
+
+    try:
+        wait_for(lambda: [m["client_id"] for m in members()] == [consumer.client_id])
+        [member] = [c for c in admin(server, "connections", "list")["connections"]
+                    if c["client_id"] == consumer.client_id]  # fmt: skip
+        assert members()[0]["client_host"] == member["peer"]
+    finally:
+        consumer.shutdown()
+    wait_for(lambda: refused(server, "groups", "describe", "rmq-group", "-n", NS) == 1
+             or not members())  # fmt: skip

@@ -104,6 +104,8 @@ async def _on_settings(rt: RocketMQServices, session: ClientSession, client: Any
         session.group = client.subscription.group.name or None
         if session.group is not None:
             await rt.check_group(session.caller, session.group)
+        if session.connection_id is not None:  # the admin API's group members
+            rt.connections.consumes_for(session.connection_id, session.group)
         subscriptions: dict[str, Filter] = {}
         async for entry in cooperatively(client.subscription.subscriptions, every=1):
             expression = entry.expression
