@@ -291,10 +291,16 @@ def _queried(expressions: list[str]) -> set[str]:
     return {m for e in expressions for m in re.findall(r"\bpolymq_[a-z0-9_]+", e)}
 
 
-def test_every_metric_the_dashboard_and_alerts_query_exists(server: LiveServer) -> None:
+def test_every_metric_the_dashboard_and_alerts_query_exists(
+    server: LiveServer, server_form: str
+) -> None:
     """After some traffic (Kafka produce and a group's commit, an MNS message, a failed
     login), every polymq metric the Grafana dashboard and the alert rules query has a
-    sample on /metrics, and the latency histograms have counted Kafka's appends."""
+    sample on /metrics, and the latency histograms have counted Kafka's appends. The
+    engine's (``polymq_storage_*``) are on the gateway's /metrics in the merged form
+    only (storage processes serve their own: tests/admin/test_metrics_storage.py); the
+    replicated pool's (``polymq_replication_*``) are checked on live storage processes
+    by tests/replicated/test_replicated_metrics.py."""
     docs = Path(__file__).resolve().parents[2] / "docs"
     dashboard = json.loads((docs / "grafana" / "polymq.json").read_text())
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
@@ -302,6 +308,13 @@ def test_every_metric_the_dashboard_and_alerts_query_exists(server: LiveServer) 
     exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
     wanted = _queried(exprs)
     assert {"polymq_group_lag", "polymq_append_latency_seconds_bucket"} <= wanted
+    assert "polymq_storage_fsync_seconds_bucket" in wanted
+    elsewhere = (
+        ("polymq_replication_",)
+        if server_form == "merged"
+        else ("polymq_replication_", "polymq_storage_")
+    )
+    wanted = {name for name in wanted if not name.startswith(elsewhere)}
 
     admin(server, "topics", "create", "metered", "-n", NS)
     produce(server, "metered", [b"x", b"y"])
@@ -337,6 +350,13 @@ def test_every_metric_the_dashboard_and_alerts_query_exists(server: LiveServer) 
         line for line in text.splitlines() if line.startswith("polymq_topic_appended_total")
     ]
     assert any('topic="metered"' in line and line.endswith(" 3.0") for line in appended)
+    if server_form == "merged":  # the engine's group commits counted Kafka's appends
+        commits = [
+            line
+            for line in text.splitlines()
+            if line.startswith('polymq_storage_commit_seconds_count{shard="merged"}')
+        ]
+        assert commits and float(commits[0].split()[-1]) >= 3
 
 
 def test_permissions_add_list_delete_and_tables(server: LiveServer) -> None:
