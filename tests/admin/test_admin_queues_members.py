@@ -2,17 +2,19 @@
 API and ``polymq admin``, against a live gateway in ``accounts`` mode (both forms),
 compared with what pika and paho did: queues declared, bound, published to and
 consumed without ack; a persistent MQTT session's shared subscription; a RocketMQ
-SimpleConsumer of a group."""
+SimpleConsumer of a group; a KIP-848 Kafka consumer (librdkafka)."""
 
 from __future__ import annotations
 
 import dataclasses
 import io
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pika
 import pytest
+from confluent_kafka import Consumer
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, SimpleConsumer
 
 from polymq.gateway.admin_cli import run
@@ -20,7 +22,7 @@ from tests.admin.test_admin_cli import ACCOUNTS, NS, PASSWORD, admin, refused, u
 from tests.live_server import LiveServer, live_server, server_config
 from tests.mqtt.helpers import Paho
 
-LISTENERS = ("http", "amqp", "mqtt", "rocketmq")
+LISTENERS = ("http", "kafka", "amqp", "mqtt", "rocketmq")
 
 
 @pytest.fixture(scope="module")
@@ -172,4 +174,40 @@ def test_rocketmq_consumer_group_members(server: LiveServer) -> None:
     finally:
         consumer.shutdown()
     wait_for(lambda: refused(server, "groups", "describe", "rmq-group", "-n", NS) == 1
+             or not members())  # fmt: skip
+
+
+def test_kip848_kafka_group_members(server: LiveServer) -> None:
+    """A librdkafka consumer with ``group.protocol=consumer`` (KIP-848) is listed as
+    its group's member while it runs, and no longer once it left."""
+    admin(server, "topics", "create", "k-orders", "-n", NS)
+    host, port = server.address("kafka")
+    consumer = Consumer(
+        {
+            "bootstrap.servers": f"{host}:{port}",
+            "security.protocol": "SASL_PLAINTEXT",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "guest",
+            "sasl.password": PASSWORD,
+            "group.id": "k-group",
+            "group.protocol": "consumer",
+            "client.id": "kip848-client",
+        }
+    )
+    consumer.subscribe(["k-orders"])
+
+    def members() -> list[dict[str, Any]]:
+        described = admin(server, "groups", "describe", "k-group", "-n", NS)
+        return [m for m in described["members"] if m["client_id"] == "kip848-client"]
+
+    deadline = time.monotonic() + 30
+    while not consumer.assignment():  # polled until the coordinator assigned
+        assert time.monotonic() < deadline
+        consumer.poll(0.2)
+    try:
+        [member] = members()
+        assert member["protocol"] == "kafka"
+    finally:
+        consumer.close()
+    wait_for(lambda: refused(server, "groups", "describe", "k-group", "-n", NS) == 1
              or not members())  # fmt: skip

@@ -65,6 +65,12 @@ async def consumer_group_heartbeat(session: Session, request: Any, version: int)
         client_id=session.client_id or "",
         client_host=session.peer,
     )
+    if session.connection_id is not None and result.error == ErrorCode.none:
+        # The admin API's group members (KIP-848 state is this listener's memory).
+        leaving = request.member_epoch < 0
+        session.services.connections.consumes_for(
+            session.connection_id, None if leaving else request.group_id
+        )
     assignment = None
     if result.assignment is not None:
         assignment = {
