@@ -10,6 +10,8 @@
   each per send.
 - The owner is SIGKILLed: the process that takes the shard over counts one takeover
   of it, with its duration, owns two shards, and the shard's publishes now grow there.
+- Another owner is SIGSTOPped until its shard is taken over, then SIGCONTed: it
+  counts the lease it lost.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import signal
 import time
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
@@ -178,3 +181,25 @@ async def test_publish_takeover_and_ownership_figures_follow_traffic_and_a_kill(
         await asyncio.to_thread(produce, bootstrap, topic, SENDS)
         after = await scrape(pool, new_owner)
         grew("polymq_replication_publish_seconds_count", SENDS)
+
+        # A stopped owner whose shard was taken meanwhile finds its lease gone when it
+        # resumes: it counts the loss (the new owner counts the takeover).
+        [stopped] = [name for name in survivors if name != new_owner]
+        shard = names[stopped]
+        child = pool.cluster.children[stopped]
+        child.send(signal.SIGSTOP)
+        try:
+
+            async def moved() -> bool:
+                samples = await scrape(pool, new_owner)
+                return value(samples, "polymq_replication_takeovers_total", shard=shard) == 1
+
+            await until(moved, f"{new_owner} to take {shard} from the stopped {stopped}", pool)
+        finally:
+            child.send(signal.SIGCONT)
+
+        async def lost() -> bool:
+            samples = await scrape(pool, stopped)
+            return value(samples, "polymq_replication_leases_lost_total", shard=shard) == 1
+
+        await until(lost, f"{stopped} to count the lease of {shard} lost", pool)
