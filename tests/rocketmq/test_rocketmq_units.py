@@ -247,3 +247,31 @@ def test_mapping_round_trips(
         else None
     ) == group
     assert dict(back.user_properties) == user
+
+
+def test_slices_between_hand_the_loop_back_only_between_slices() -> None:
+    """A one-slice request (a one-message send, a one-receipt ack) answers without an
+    extra loop step; a bigger one lets another task run between its slices."""
+    import asyncio
+
+    from polymq.protocols.rocketmq.slicing import slices_between
+
+    async def steps_of_another_task(count: int, size: int) -> tuple[list[slice], int]:
+        ran = 0
+
+        async def other() -> None:
+            nonlocal ran
+            while True:
+                ran += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(other())
+        await asyncio.sleep(0)  # it has run once
+        ran = 0
+        got = [part async for part in slices_between(count, size)]
+        task.cancel()
+        return got, ran
+
+    assert asyncio.run(steps_of_another_task(1, 64)) == ([slice(0, 64)], 0)
+    parts, ran = asyncio.run(steps_of_another_task(130, 64))
+    assert parts == [slice(0, 64), slice(64, 128), slice(128, 192)] and ran == 2

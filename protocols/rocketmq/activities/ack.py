@@ -7,10 +7,10 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from polymq.gateway.fairness import slices
 from polymq.gateway.processor import Caller
 from polymq.protocols.rocketmq.activities.receive import duration_ms
 from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.slicing import slices_between
 from polymq.protocols.rocketmq.status import RpcFailure, ok, status
 
 __all__ = ["ack_message", "change_invisible_duration", "forward_to_dead_letter_queue"]
@@ -58,7 +58,7 @@ async def ack_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
     if any(not r for r in held):
         raise RpcFailure(Code.INVALID_RECEIPT_HANDLE, "receipt handle is empty")
     errors: list[Any] = []
-    async for part in slices(count):
+    async for part in slices_between(count):
         errors += await _ack_slice(rt, caller, group, held[part])
     results = []
     for entry, error in zip(request.entries, errors, strict=True):

@@ -15,9 +15,10 @@ from typing import Any
 
 from rocketmq.grpc_protocol import Code, service_pb2
 
-from polymq.gateway.fairness import cooperatively, slices
+from polymq.gateway.fairness import cooperatively
 from polymq.protocols.rocketmq import mapping, quota
 from polymq.protocols.rocketmq.runtime import RocketMQServices
+from polymq.protocols.rocketmq.slicing import slices_between
 from polymq.protocols.rocketmq.status import RpcFailure, ok
 from polymq.storage.model import AppendRequest, Message, MessageType, QueueRef, TopicInfo
 
@@ -104,7 +105,7 @@ async def send_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
         )
         return service_pb2.SendMessageResponse(status=ok(), entries=[entry])
     entries = []
-    async for part in slices(count, APPEND_SLICE):
+    async for part in slices_between(count, APPEND_SLICE):
         # built slice by slice too: 10,000 requests built at once held the loop ~50 ms
         sliced = messages[part]
         pbs = request.messages[part]
