@@ -18,6 +18,7 @@ from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
 from polymq.protocols.http.admin_manage import manage_router
+from polymq.protocols.http.admin_members import members_of
 from polymq.protocols.http.admin_permissions import permissions_router
 from polymq.protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
 from polymq.storage.errors import QueueNotFound, TopicNotFound
@@ -109,7 +110,9 @@ def admin_router(context: ListenerContext) -> APIRouter:
     async def groups(request: Request, namespace: str | None = None) -> dict[str, Any]:
         """Offset groups: lag is latest minus committed per queue. MNS queue groups (pop
         mode): lag is the messages not yet deleted (``pending``), ``inflight`` those
-        received and not yet deleted."""
+        received and not yet deleted. AMQP and MQTT pop groups (``amqp``, ``amqp:<view>``,
+        ``mqtt``): one row per queue they take from, lag its messages not yet
+        acknowledged, ``inflight`` those delivered (:mod:`protocols.http.admin_members`)."""
         result = []
         for caller in await callers(request, namespace):
             mns_groups = {group_of(q): q for q in await processor.meta_list(caller, QUEUE_KIND)}
@@ -145,6 +148,13 @@ def admin_router(context: ListenerContext) -> APIRouter:
                             "inflight": counts.inactive,
                         }
                     )
+                popped = await members_of(
+                    processor, caller, group, self_id=context.directory.self_id, local={}
+                )
+                queues += [
+                    {"topic": q["queue"], "queue_id": 0, "lag": q["lag"], "inflight": q["unacked"]}
+                    for q in (popped[0] if popped is not None else [])
+                ]
                 config = await processor.get_group_config(caller, group)
                 result.append(
                     {

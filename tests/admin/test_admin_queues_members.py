@@ -97,6 +97,13 @@ def test_amqp_queues_with_counts_consumers_and_bindings(server: LiveServer) -> N
         [row] = [q for q in group["pop_queues"] if q["queue"] == "work"]
         assert (row["ready"], row["unacked"], row["lag"], row["consumers"]) == (1, 2, 3, 1)
         [member] = [m for m in group["members"] if m["queue"] == "work"]
+        [listed_group] = [
+            g for g in admin(server, "groups", "list", "-n", NS)["groups"] if g["name"] == "amqp"
+        ]
+        assert (listed_group["lag"], [q["topic"] for q in listed_group["queues"]]) == (
+            3,
+            sorted(["work", temp]),
+        )
         assert (member["protocol"], member["client_id"], member["client_host"]) == (
             "amqp",
             "c1",

@@ -273,6 +273,7 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     status_says(browser, "reset billing: done")
     until(browser, lambda d: cells(d, "groups-table", "billing")[2] == "3")
     # The AMQP group's members: pika's consumer, at pika's address, and its queue's lag.
+    assert cells(browser, "groups-table", "amqp")[2:4] == ["2", "tasks: 2 (1 in flight)"]
     row(browser, "groups-table", "amqp").find_element(By.CSS_SELECTOR, ".members").click()
     until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#members-table tr[data-name]"))
     assert cells(browser, "members-table", "worker-1")[2:5] == ["worker-1", amqp_peer, "tasks"]

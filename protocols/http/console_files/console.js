@@ -266,12 +266,17 @@ async function queues() {
 async function groups() {
   const data = await api("GET", "/admin/groups");
   const rows = data.groups.map((g) => {
-    const topicsOf = [...new Set(g.queues.map((q) => q.topic))];
+    // Offsets can be reset on the topics a group commits offsets for (pop groups have none).
+    const topicsOf = [...new Set(g.queues.filter((q) => q.committed !== undefined)
+      .map((q) => q.topic))];
     return el("tr", { "data-name": g.name },
       cell(g.namespace), cell(g.name), cell(g.lag),
-      cell(g.queues.map((q) => `${q.topic}[${q.queue_id}] ${q.committed ?? ""}/${q.latest ?? ""}`)
-        .join(", ")),
-      el("td", {}, el("form", { class: "inline reset", onsubmit: async (e) => {
+      // Offset groups: committed/latest per queue; pop groups (MNS, AMQP, MQTT): the
+      // queue's messages not yet acknowledged and how many of them are in flight.
+      cell(g.queues.map((q) => q.committed === undefined
+        ? `${q.topic}: ${q.lag} (${q.inflight} in flight)`
+        : `${q.topic}[${q.queue_id}] ${q.committed}/${q.latest}`).join(", ")),
+      el("td", {}, !topicsOf.length ? null : el("form", { class: "inline reset", onsubmit: async (e) => {
         e.preventDefault();
         const v = values(e.target);
         const body = { topic: v.topic, to: v.to };
@@ -294,7 +299,7 @@ async function groups() {
   const described = el("div", { id: "described" });
   return [el("h2", {}, "Consumer groups"),
     el("p", {}, "Stop a group's consumers before resetting its offsets."),
-    table("groups-table", ["namespace", "group", "lag", "queues (committed/latest)", ""], rows),
+    table("groups-table", ["namespace", "group", "lag", "queues", ""], rows),
     described];
 }
 
