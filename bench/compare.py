@@ -435,6 +435,32 @@ def run(
     return results
 
 
+def _polymq_source() -> str:
+    """Which polymq is measured: the checkout's commit, and whether its product code
+    has uncommitted changes (another engineer's edits in a shared checkout), or the
+    directory it was imported from when that is not this checkout (a snapshot put
+    first on PYTHONPATH)."""
+    module = sys.modules[Progress.__module__].__file__  # <polymq>/gateway/progress.py
+    where = Path(module or ".").resolve().parents[1]
+    root = Path(__file__).resolve().parents[1]
+    if where != root:
+        return f"polymq from {where}"
+    git = ["git", "-C", str(root)]
+    try:
+        rev = subprocess.run(
+            [*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10
+        ).stdout.strip()
+        dirty = subprocess.run(
+            [*git, "status", "--porcelain", "--untracked-files=no", "--", ".", ":!bench", ":!docs"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return f"polymq from {where}"
+    return f"polymq {rev or '?'}{' with uncommitted changes' if dirty else ''}"
+
+
 def _load() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -475,7 +501,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(
         f"# bench.compare {started:%Y-%m-%d %H:%M} UTC, {runs} round(s), {os.cpu_count()} cores,"
         f" load average {load_before}; python {platform.python_version()},"
-        f" pika {pika.__version__}, paho-mqtt {paho.mqtt.__version__}",
+        f" pika {pika.__version__}, paho-mqtt {paho.mqtt.__version__}; {_polymq_source()}",
         flush=True,
     )
     results = run(protocols, runs, counts)
