@@ -11,27 +11,13 @@ cheap enough for every append. The counting itself is the storage engine's
 
 from __future__ import annotations
 
-from polymq.storage.engine.stats import Histograms, HistogramSnapshot
+from polymq.storage.engine.stats import FSYNC_BUCKETS_S, Histograms, HistogramSnapshot
 
 __all__ = ["APPEND_BUCKETS_S", "DELIVERY_BUCKETS_S", "HistogramSnapshot", "Histograms"]
 
 # Upper bounds in seconds: an fsync is ~0.1-1 ms on a good disk, a cluster hop adds ~1 ms.
-APPEND_BUCKETS_S: tuple[float, ...] = (
-    0.0001,
-    0.00025,
-    0.0005,
-    0.001,
-    0.0025,
-    0.005,
-    0.01,
-    0.025,
-    0.05,
-    0.1,
-    0.25,
-    0.5,
-    1.0,
-    5.0,
-)
+# The storage engine's fsync and group-commit bounds, so the three compare bucket by bucket.
+APPEND_BUCKETS_S: tuple[float, ...] = FSYNC_BUCKETS_S
 # A message may wait for a consumer for hours.
 DELIVERY_BUCKETS_S: tuple[float, ...] = (
     0.001,
