@@ -242,12 +242,13 @@ def _server(connections: int, out: Path, trace_frames: int) -> Iterator[_GcServe
     if trace_frames:
         env["PYTHONTRACEMALLOC"] = str(trace_frames)
     data_dir = out / "data"
+    start_s = 120.0 if trace_frames else 30.0  # a traced start is several times slower
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
         command = [sys.executable, "-c", _WRAPPER, "run", "--data-dir", str(data_dir)]
         command += ["--log-level", "warning", "--mqtt-port", str(port)]
         try:
-            with process_server(command, port, env=env) as server:
+            with process_server(command, port, env=env, start_timeout=start_s) as server:
                 yield _GcServer(server, out)
                 return
         except ServerExited as e:

@@ -100,6 +100,7 @@ class _Will:
 class MqttConnection:
     # Slots: servers hold tens of thousands of mostly idle connections.
     __slots__ = (
+        "_alive_until",
         "_broker",
         "_caller",
         "_certificate_name",
@@ -108,6 +109,7 @@ class MqttConnection:
         "_connection_id",
         "_decoder",
         "_done",
+        "_expired",
         "_finished",
         "_graceful",
         "_in_alias_chars",
@@ -120,10 +122,12 @@ class MqttConnection:
         "_receive_maximum",
         "_services",
         "_session",
+        "_task",
         "_transport",
         "_v5",
         "_will",
         "client_id",
+        "deadline_tick",
         "state",
     )
 
@@ -170,10 +174,19 @@ class MqttConnection:
         self._out = Outbound(services, transport)
         self._finished: asyncio.Future[None] | None = None  # awaited by a takeover
         self._done = False
+        # Keep-alive (protocols/mqtt/deadlines.py): the loop time by which the next
+        # packet must come while the connection waits for one; -1 while it handles
+        # what came (handling time is not the client's silence). ``_expired`` tells
+        # the deadline's cancel from a server stop's.
+        self._alive_until = -1.0
+        self._expired = False
+        self.deadline_tick = 0
+        self._task: asyncio.Task[None] | None = None  # run()'s, for the keep-alive
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def run(self) -> None:
+        self._task = asyncio.current_task()
         try:
             # (inline, not a coroutine of its own: one frame less per connection)
             connect = await self._first_packet()
@@ -186,15 +199,19 @@ class MqttConnection:
         except (codec.MalformedPacket, codec.ProtocolError, codec.PacketTooLarge) as e:
             log.info("mqtt %s: bad packet: %s", self.client_id or "-", e)
             self._goodbye(e.reason, str(e))
-        except TimeoutError:
-            log.info("mqtt %s: keep-alive expired", self.client_id or "-")
-            self._goodbye(_KEEP_ALIVE_TIMEOUT, "keep alive timeout")
         except _Disconnected:
             pass  # the client said goodbye
         except asyncio.CancelledError:
-            self._goodbye(_SERVER_SHUTTING_DOWN, "server shutting down")
-            raise
+            task = self._task
+            if self._expired and task is not None and task.uncancel() == 0:
+                # Only the keep-alive (:meth:`due`) cancelled the connection.
+                log.info("mqtt %s: keep-alive expired", self.client_id or "-")
+                self._goodbye(_KEEP_ALIVE_TIMEOUT, "keep alive timeout")
+            else:
+                self._goodbye(_SERVER_SHUTTING_DOWN, "server shutting down")
+                raise
         finally:
+            self._services.deadlines.discard(self)
             await self._finish()
 
     async def _first_packet(self) -> codec.Connect | None:
@@ -263,30 +280,59 @@ class MqttConnection:
     async def _read_loop(self) -> None:
         """Read, then handle everything the read brought before reading again: what
         arrives while a batch is being stored waits in the socket and makes the next
-        batch (one append for many PUBLISHes, one ack call for many PUBACKs)."""
+        batch (one append for many PUBLISHes, one ack call for many PUBACKs).
+
+        While it waits, the connection is filed in the services' deadlines for its
+        keep-alive (1.5 times the client's, v5 3.1.2.10): no timer and no context
+        manager of its own, since most connections wait most of the time."""
         keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
         loop = asyncio.get_running_loop()
-        decoder = self._decoder
+        decoder, transport = self._decoder, self._transport
         decoder.max_packet_bytes = self._max_packet_bytes()
-        self._transport.limit_packets(decoder.max_packet_bytes)
+        transport.limit_packets(decoder.max_packet_bytes)
         packets = decoder.feed(b"")  # what was pipelined behind CONNECT
-        async with asyncio.timeout(None) as deadline:
-            while True:
-                for packet in packets:
-                    self._admit(packet)
-                await self._handle(packets)
-                if self._quota is not None and charge_packets(self._quota, packets):
-                    await self._quota.hold("mqtt", "produce", "requests")  # slow reads
-                if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
-                    self._out.flush()
-                    await self._transport.drain()
-                if keep_alive_s is not None:
-                    deadline.reschedule(loop.time() + keep_alive_s)
+        if keep_alive_s is not None:
+            self._services.deadlines.add(self, loop.time() + keep_alive_s)
+        while True:
+            for packet in packets:
+                self._admit(packet)
+            await self._handle(packets)
+            if self._quota is not None and charge_packets(self._quota, packets):
+                await self._quota.hold("mqtt", "produce", "requests")  # slow reads
+            if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
+                self._out.flush()
+                await transport.drain()
+            if keep_alive_s is not None:
+                self._alive_until = loop.time() + keep_alive_s
+            if decoder.pending_bytes:
                 read = await self._read()
-                if read is None:
-                    return
-                deadline.reschedule(None)  # handling time is not the client's silence
-                packets = read
+            else:  # between packets (the usual case): inline, a frame less while idle
+                data = await transport.read()
+                read = decoder.feed(data) if data else None
+                if read is not None and not read and decoder.pending_bytes:
+                    read = await self._read()  # a packet begun: its own deadline
+            if read is None:
+                return
+            self._alive_until = -1.0
+            packets = read
+
+    def due(self, now: float) -> float | None:
+        """The keep-alive deadline's check (protocols/mqtt/deadlines.py): the next
+        look when the client was heard from since, or is being served; else close
+        the connection (its task, cancelled, says why: :meth:`run`)."""
+        if self._done or self.state is ConnectionState.CLOSING:
+            return None
+        until = self._alive_until
+        if until > now:
+            return until
+        if until < 0:  # handling what came: look again a keep-alive later
+            return now + self._keep_alive * 1.5
+        task = self._task
+        if task is None or task.done():
+            return None
+        self._expired = True
+        task.cancel()
+        return None
 
     def _max_packet_bytes(self) -> int:
         """The largest packet a connected client may send (and is told in CONNACK)."""

@@ -112,12 +112,15 @@ class Session:
     inbound_qos2: dict[int, int] = field(default_factory=dict)
     release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    outbound_pubrel: set[int] = field(default_factory=set)  # PUBREL sent, PUBCOMP awaited
+    # PUBREL sent, PUBCOMP awaited. Packet ids as a dict's keys (values None), as is
+    # ``fresh`` below: an empty dict weighs 64 bytes, an empty set 216, and every
+    # session has both, nearly always empty (docs/mqtt.md, "Memory per connection").
+    outbound_pubrel: dict[int, None] = field(default_factory=dict)
     timers: list[asyncio.TimerHandle] = field(default_factory=list)
     # Several gateways: the others know it (tell them it ended); filters subscribed
     # here not yet announced, and the events offset at which each one was.
     announced: bool = False
-    fresh: set[str] = field(default_factory=set)
+    fresh: dict[str, None] = field(default_factory=dict)
     announced_at: dict[str, int] = field(default_factory=dict)
 
 

@@ -188,7 +188,7 @@ class Outbound:
                     del self._inflight[ack.packet_id]
                     continue
                 flight.released = True
-                self._session.outbound_pubrel.add(ack.packet_id)
+                self._session.outbound_pubrel[ack.packet_id] = None
                 self.write(codec.PubRel(packet_id=ack.packet_id))
             elif isinstance(ack, codec.PubAck) and flight.qos == 1:
                 del self._inflight[ack.packet_id]
@@ -196,7 +196,7 @@ class Outbound:
                     receipts.append(flight.receipt)
             elif isinstance(ack, codec.PubComp) and flight.released:
                 del self._inflight[ack.packet_id]
-                self._session.outbound_pubrel.discard(ack.packet_id)
+                self._session.outbound_pubrel.pop(ack.packet_id, None)
         self.flush()
         receipts += self._to_ack
         self._to_ack = []

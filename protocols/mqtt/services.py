@@ -21,6 +21,7 @@ from polymq.gateway.processor import Processor
 from polymq.gateway.quotas import Quotas
 from polymq.navigation.endpoints import SingleGateway
 from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.deadlines import Deadlines
 from polymq.protocols.mqtt.model import Delivery
 from polymq.protocols.mqtt.options import MqttOptions
 from polymq.protocols.mqtt.peers import Peers
@@ -102,6 +103,9 @@ class MqttServices:
     # Several gateways: the namespaces whose brokers load at start, not at a first
     # client's CONNECT (see :meth:`_load_brokers`).
     namespaces: tuple[str, ...] = ()
+    # Every connection's keep-alive and every new TCP connection's handshake
+    # deadline, on one timer (protocols/mqtt/deadlines.py).
+    deadlines: Deadlines = field(default_factory=Deadlines)
     _sys_task: asyncio.Task[None] | None = None
     _loader: asyncio.Task[None] | None = None
     _listeners: int = 0  # started and not yet stopped

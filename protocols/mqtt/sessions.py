@@ -70,7 +70,7 @@ class Sessions:
             expiry_s=raw["expiry_s"],
             queue=QueueRef(self.core.namespace, queue) if queue else None,
             inbound_qos2=inbound_from_json(raw.get("qos2_in", ())),
-            outbound_pubrel=set(raw.get("qos2_out", ())),
+            outbound_pubrel=dict.fromkeys(raw.get("qos2_out", ())),
             release_epoch=raw.get("release_epoch", 0),
         )
         if "incarnation" in raw:
@@ -208,7 +208,7 @@ class Sessions:
     async def announce(self, session: Session, record: dict[str, Any]) -> None:
         assert self.core.peers is not None
         session.announced = True
-        fresh, session.fresh = session.fresh, set()
+        fresh, session.fresh = session.fresh, {}
         offset = await self.core.emit("session", client=session.client_id, record=record)
         for topic_filter in fresh:
             if topic_filter in session.subscriptions:

@@ -40,7 +40,7 @@ class Subscriptions:
             self.remove(session, topic_filter)
         await self.add(session, topic_filter, options)
         if self.core.peers is not None and new:
-            session.fresh.add(topic_filter)
+            session.fresh[topic_filter] = None
         return new
 
     def unsubscribe(self, session: Session, topic_filter: str) -> bool:

@@ -16,7 +16,7 @@ import logging
 import socket
 from typing import Any
 
-from polymq.gateway.connections import TooManyConnections, serving_connection
+from polymq.gateway.connections import TooManyConnections, serve_connection
 from polymq.gateway.listeners import ListenerBase, ListenerContext
 from polymq.protocols.mqtt.connection import MqttConnection
 from polymq.protocols.mqtt.services import MqttServices
@@ -102,16 +102,19 @@ class MqttTcpListener(ListenerBase):
             transport.close()
             return
         task = asyncio.get_running_loop().create_task(self._run(served, conn_id, peer))
-        served.task = task
+        served.task, served.conn_id = task, conn_id
         self._tasks.add(task)
-        self._deadline(conn_id, peer, task, accepted_at)
+        # Not a timer per connection: one entry in the services' deadlines, asked
+        # once (:meth:`_Served.due`), and then forgotten.
+        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+        self._services.deadlines.add(served, accepted_at + timeout_s)
 
     async def _run(self, served: _Served, conn_id: int, peer: str) -> None:
         tls = self._context.tls
         name = tls.principal_name(served.get_extra_info("ssl_object")) if tls else None
         try:
-            with serving_connection(conn_id):
-                await MqttConnection(self._services, served, conn_id, certificate_name=name).run()
+            serve_connection(conn_id)  # this task's context: its log lines
+            await MqttConnection(self._services, served, conn_id, certificate_name=name).run()
         except asyncio.CancelledError:
             pass  # stop() or a kick: the connection just closes
         except ConnectionError as e:  # the peer went away: not our bug
@@ -120,6 +123,7 @@ class MqttTcpListener(ListenerBase):
             log.exception("%s: connection from %s failed; closing it", self._name, peer)
         finally:
             self._context.connections.unregister(conn_id)
+            self._services.deadlines.discard(served)
             try:
                 await _close(served)
             finally:
@@ -127,36 +131,37 @@ class MqttTcpListener(ListenerBase):
                 if task is not None:
                     self._tasks.discard(task)  # only now: stop() waits for the close too
 
-    def _deadline(self, conn_id: int, peer: str, task: asyncio.Task[None], at: float) -> None:
-        """Close the connection unless CONNECT (and its login) was accepted within the
-        handshake timeout of the TCP accept. A timer, gone once fired (not cancelled
-        earlier: a cancelled timer is dropped no sooner, and a done callback on the
-        task to cancel it would be kept for the connection's life)."""
-        registry = self._context.connections
-        timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
-
-        def expire() -> None:
-            if not registry.is_established(conn_id) and not task.done():
-                log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout_s)
-                task.cancel()
-
-        asyncio.get_running_loop().call_at(at + timeout_s, expire)
+    def handshake_due(self, served: _Served, conn_id: int) -> None:
+        """``served`` was not closed within the handshake timeout of its TCP accept:
+        close it unless its CONNECT (and login) was accepted by then."""
+        task = served.task
+        if not self._context.connections.is_established(conn_id) and task and not task.done():
+            timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+            peer = _format_peer(served.get_extra_info("peername"))
+            log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout_s)
+            task.cancel()
 
 
 class _Served(TcpTransport):
     """A connection's transport that, once made, asks the listener to serve it."""
 
-    __slots__ = ("_accepted_at", "_listener", "task")
+    __slots__ = ("_accepted_at", "_listener", "conn_id", "deadline_tick", "task")
 
     def __init__(self, listener: MqttTcpListener, accepted_at: float) -> None:
         super().__init__()
         self._listener = listener
         self._accepted_at = accepted_at
         self.task: asyncio.Task[None] | None = None
+        self.conn_id = 0
+        self.deadline_tick = 0  # (protocols/mqtt/deadlines.py)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._listener.serve(self, self._accepted_at)
+
+    def due(self, now: float) -> None:
+        """The handshake deadline (protocols/mqtt/deadlines.py)."""
+        self._listener.handshake_due(self, self.conn_id)
 
     async def kick(self) -> None:
         """The registry's close: end the connection's task (an admin's kick, the

@@ -1,0 +1,91 @@
+"""What an idle MQTT connection costs the server: the Python heap it holds, measured
+with tracemalloc over a few hundred real connections to a live server, stays under a
+budget. A memory bound, not a time bound: it fails when per-connection state grows
+back (an eager container, a timer or a stream object per connection).
+
+The server runs in this process (tests/live_server.py, asyncio's own loop); what the
+test's client sockets allocate is left out by their traceback (this file)."""
+
+from __future__ import annotations
+
+import gc
+import socket
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.mqtt.helpers import mqtt_server, wait_until
+
+# The merged form only: what is measured is the gateway's connection, the same in
+# both forms, and the separated form's storage nodes in this process would add
+# their own allocations to the count.
+ONE_FORM = True
+
+CONNECTIONS = 300
+# Bytes of Python heap per idle connection (v3.1.1, clean session, keep-alive 600 s)
+# on asyncio's loop. Measured 4,080 (docs/mqtt.md, "Memory per connection"): the
+# socket and its selector transport about 1,600 of it, the registry entry, the task,
+# the connection, its session and outbound side the rest. Before this work it was
+# 10,800; a set instead of a dict in every Session adds 300, the asyncio.timeout
+# per connection for its keep-alive 900.
+BUDGET_BYTES = 6_100
+KEEP_ALIVE_S = 600
+
+
+def _connect_packet(client_id: str) -> bytes:
+    cid = client_id.encode()
+    body = b"\x00\x04MQTT\x04\x02" + KEEP_ALIVE_S.to_bytes(2, "big")
+    body += len(cid).to_bytes(2, "big") + cid
+    return b"\x10" + bytes([len(body)]) + body
+
+
+@contextmanager
+def _idle_clients(port: int, count: int) -> Iterator[list[socket.socket]]:
+    """``count`` connections, each CONNECTed and CONNACKed, then left idle."""
+    socks: list[socket.socket] = []
+    try:
+        for i in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            socks.append(sock)
+            sock.sendall(_connect_packet(f"idle-{i}"))
+            ack = b""
+            while len(ack) < 4:
+                chunk = sock.recv(4 - len(ack))
+                assert chunk, "closed before CONNACK"
+                ack += chunk
+            assert ack == b"\x20\x02\x00\x00", ack
+        yield socks
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def _server_heap(this_file: str) -> int:
+    """Traced bytes, less what this file's own frames allocated (client sockets)."""
+    gc.collect()
+    snapshot = tracemalloc.take_snapshot().filter_traces(
+        [tracemalloc.Filter(False, this_file, all_frames=True)]
+    )
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+def test_idle_connection_heap_stays_under_budget(tmp_path: Path) -> None:
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        registry = server.gateway.connections
+        # Warm up: code paths, caches and the namespace's broker, once for all.
+        with _idle_clients(port, 20):
+            pass
+        wait_until(lambda: len(registry) == 0, what="the warm-up to close")
+        tracemalloc.start(25)
+        try:
+            before = _server_heap(__file__)
+            with _idle_clients(port, CONNECTIONS):
+                wait_until(lambda: len(registry) == CONNECTIONS, what="every connection")
+                after = _server_heap(__file__)
+        finally:
+            tracemalloc.stop()
+    per_connection = (after - before) / CONNECTIONS
+    print(f"{per_connection:.0f} bytes of heap per idle connection")
+    assert per_connection < BUDGET_BYTES, per_connection
