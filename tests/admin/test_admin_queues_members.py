@@ -62,7 +62,9 @@ def test_amqp_queues_with_counts_consumers_and_bindings(server: LiveServer) -> N
     channel.basic_consume(
         "work", lambda ch, method, props, body: held.append(method.delivery_tag), consumer_tag="c1"
     )
+    deadline = time.monotonic() + 30
     while len(held) < 2:
+        assert time.monotonic() < deadline, f"pika got {len(held)} of 2 deliveries"
         connection.process_data_events(time_limit=0.5)
     peer = "{}:{}".format(*connection._impl._transport._sock.getsockname())
     try:
