@@ -422,6 +422,16 @@ class Decoder:
     decoder, then calls ``feed(b"")``.
     """
 
+    # Slots: a server holds one per connection, most of them idle.
+    __slots__ = (
+        "_buffer",
+        "_declared",
+        "_stop_after_connect",
+        "level",
+        "max_filters",
+        "max_packet_bytes",
+    )
+
     def __init__(
         self,
         *,

@@ -166,7 +166,7 @@ class MqttConnection:
         self._problem_info = True  # v5 3.1.2.11.7: reason strings only if the client wants
         self._graceful = False
         # inbound
-        self._in_aliases: dict[int, str] = {}
+        self._in_aliases: dict[int, str] | None = None  # on first alias: most set none
         self._in_alias_chars = 0  # of the topics in _in_aliases
         self._inbound_unacked = 0  # QoS 1/2 PUBLISHes received, not yet acked (v5)
         self._receive_maximum = self._config.receive_maximum  # announced; smaller under a quota
@@ -192,7 +192,44 @@ class MqttConnection:
             connect = await self._first_packet()
             if connect is not None and await self._accept(connect):
                 del connect  # not kept for the connection's life
-                await self._read_loop()
+                # The read loop, inline (a coroutine frame less per idle connection):
+                # read, then handle everything the read brought before reading again,
+                # so what arrives while a batch is being stored waits in the socket
+                # and makes the next batch (one append for many PUBLISHes, one ack
+                # call for many PUBACKs). While it waits, the connection is filed in
+                # the services' deadlines for its keep-alive (1.5 times the client's,
+                # v5 3.1.2.10): no timer of its own, as most connections mostly wait.
+                keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
+                loop = asyncio.get_running_loop()
+                decoder, transport = self._decoder, self._transport
+                decoder.max_packet_bytes = self._max_packet_bytes()
+                transport.limit_packets(decoder.max_packet_bytes)
+                packets = decoder.feed(b"")  # what was pipelined behind CONNECT
+                if keep_alive_s is not None:
+                    self._services.deadlines.add(self, loop.time() + keep_alive_s)
+                while True:
+                    self._admit_all(packets)
+                    await self._handle(packets)
+                    if self._quota is not None and charge_packets(self._quota, packets):
+                        await self._quota.hold("mqtt", "produce", "requests")  # slow reads
+                    if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
+                        self._out.flush()
+                        await transport.drain()
+                    if keep_alive_s is not None:
+                        self._alive_until = loop.time() + keep_alive_s
+                    del packets  # nothing of the last batch is held while waiting
+                    if decoder.pending_bytes:
+                        read = await self._read()
+                    else:  # between packets (the usual case): inline, a frame less while idle
+                        data = await transport.read()
+                        read = decoder.feed(data) if data else None
+                        del data
+                        if read is not None and not read and decoder.pending_bytes:
+                            read = await self._read()  # a packet begun: its own deadline
+                    if read is None:
+                        return
+                    self._alive_until = -1.0
+                    packets = read
         except _Close as e:
             log.info("mqtt %s: closing: %s", self.client_id or "-", e)
             self._goodbye(e.reason, str(e))
@@ -277,45 +314,6 @@ class MqttConnection:
             if packets:
                 return packets
 
-    async def _read_loop(self) -> None:
-        """Read, then handle everything the read brought before reading again: what
-        arrives while a batch is being stored waits in the socket and makes the next
-        batch (one append for many PUBLISHes, one ack call for many PUBACKs).
-
-        While it waits, the connection is filed in the services' deadlines for its
-        keep-alive (1.5 times the client's, v5 3.1.2.10): no timer and no context
-        manager of its own, since most connections wait most of the time."""
-        keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
-        loop = asyncio.get_running_loop()
-        decoder, transport = self._decoder, self._transport
-        decoder.max_packet_bytes = self._max_packet_bytes()
-        transport.limit_packets(decoder.max_packet_bytes)
-        packets = decoder.feed(b"")  # what was pipelined behind CONNECT
-        if keep_alive_s is not None:
-            self._services.deadlines.add(self, loop.time() + keep_alive_s)
-        while True:
-            for packet in packets:
-                self._admit(packet)
-            await self._handle(packets)
-            if self._quota is not None and charge_packets(self._quota, packets):
-                await self._quota.hold("mqtt", "produce", "requests")  # slow reads
-            if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
-                self._out.flush()
-                await transport.drain()
-            if keep_alive_s is not None:
-                self._alive_until = loop.time() + keep_alive_s
-            if decoder.pending_bytes:
-                read = await self._read()
-            else:  # between packets (the usual case): inline, a frame less while idle
-                data = await transport.read()
-                read = decoder.feed(data) if data else None
-                if read is not None and not read and decoder.pending_bytes:
-                    read = await self._read()  # a packet begun: its own deadline
-            if read is None:
-                return
-            self._alive_until = -1.0
-            packets = read
-
     def due(self, now: float) -> float | None:
         """The keep-alive deadline's check (protocols/mqtt/deadlines.py): the next
         look when the client was heard from since, or is being served; else close
@@ -337,6 +335,10 @@ class MqttConnection:
     def _max_packet_bytes(self) -> int:
         """The largest packet a connected client may send (and is told in CONNACK)."""
         return min(self._config.max_packet_bytes, self._services.limits.max_frame_bytes)
+
+    def _admit_all(self, packets: list[codec.Packet]) -> None:
+        for packet in packets:
+            self._admit(packet)
 
     def _admit(self, packet: codec.Packet) -> None:
         if not accepts(self.state, packet):
@@ -665,17 +667,20 @@ class MqttConnection:
             return packet.topic
         if not 0 < alias <= self._config.topic_alias_maximum:
             raise _Close(_TOPIC_ALIAS_INVALID, f"topic alias {alias} is out of range")
+        aliases = self._in_aliases
         if packet.topic:
-            old = self._in_aliases.get(alias, "")
+            if aliases is None:
+                aliases = self._in_aliases = {}
+            old = aliases.get(alias, "")
             chars = self._in_alias_chars - len(old) + len(packet.topic)
             # 65,535 aliases of 64 KiB topics would be 4 GiB: together at most one
             # packet's worth.
             if chars > self._config.max_packet_bytes:
                 raise _Close(_QUOTA_EXCEEDED, "topic aliases hold too many topic bytes")
             self._in_alias_chars = chars
-            self._in_aliases[alias] = packet.topic
+            aliases[alias] = packet.topic
             return packet.topic
-        topic = self._in_aliases.get(alias)
+        topic = aliases.get(alias) if aliases is not None else None
         if topic is None:
             raise _Close(_PROTOCOL_ERROR, f"topic alias {alias} was never set")
         return topic

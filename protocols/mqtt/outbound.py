@@ -102,7 +102,7 @@ class Outbound:
         # Created on first need: an idle connection stays small (each Event and deque
         # costs most of a kilobyte, and servers hold tens of thousands of connections).
         self._backlog: deque[Delivery] | None = None
-        self._aliases: dict[str, int] = {}
+        self._aliases: dict[str, int] | None = None  # for a client that allows them
         self._out = bytearray()
         self._flush_scheduled = False
         self._to_ack: list[str] = []
@@ -289,12 +289,15 @@ class Outbound:
             if subscription_ids:
                 packet.properties[codec.SUBSCRIPTION_ID] = subscription_ids
             if self.alias_max:  # topic aliases (v5 3.3.2.3.4), first come first served
-                alias = self._aliases.get(topic)
+                aliases = self._aliases
+                if aliases is None:
+                    aliases = self._aliases = {}
+                alias = aliases.get(topic)
                 if alias is not None:
                     packet.topic = ""
                     packet.properties[codec.TOPIC_ALIAS] = alias
-                elif len(self._aliases) < self.alias_max:
-                    alias = self._aliases[topic] = len(self._aliases) + 1
+                elif len(aliases) < self.alias_max:
+                    alias = aliases[topic] = len(aliases) + 1
                     packet.properties[codec.TOPIC_ALIAS] = alias
         if qos:
             packet.packet_id = self._allocate_pid()

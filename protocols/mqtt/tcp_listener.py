@@ -12,6 +12,7 @@ per connection")."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import socket
 from typing import Any
@@ -37,12 +38,12 @@ class MqttTcpListener(ListenerBase):
         self._context = context
         self._services = services
         self._server: asyncio.AbstractServer | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._served: set[_Served] = set()  # until the loop says each is gone
         self._stopping = False
 
     @property
     def open_connections(self) -> int:
-        return len(self._tasks)
+        return len(self._served)
 
     async def start(self) -> None:
         if self._server is not None:
@@ -72,10 +73,12 @@ class MqttTcpListener(ListenerBase):
             return
         self._stopping = True
         server.close()
-        tasks = list(self._tasks)
+        served = list(self._served)
+        tasks = [s.task for s in served if s.task is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(_close(s) for s in served))  # their goodbyes flushed
         await server.wait_closed()
         self._address = None
         await self._services.stop()
@@ -101,35 +104,53 @@ class MqttTcpListener(ListenerBase):
             log.warning("%s: refused %s: %s", self._name, peer, e)
             transport.close()
             return
-        task = asyncio.get_running_loop().create_task(self._run(served, conn_id, peer))
+        tls = self._context.tls
+        name = tls.principal_name(transport.get_extra_info("ssl_object")) if tls else None
+        connection = MqttConnection(self._services, served, conn_id, certificate_name=name)
+        # The connection's coroutine is the task's, with no coroutine around it to
+        # unregister and close (a frame per idle connection): its end is a callback.
+        context = contextvars.copy_context()
+        context.run(serve_connection, conn_id)  # the task's log lines name it
+        task = asyncio.get_running_loop().create_task(connection.run(), context=context)
+        task.add_done_callback(served.ended)
         served.task, served.conn_id = task, conn_id
-        self._tasks.add(task)
+        self._served.add(served)
         # Not a timer per connection: one entry in the services' deadlines, asked
         # once (:meth:`_Served.due`), and then forgotten.
         timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
         self._services.deadlines.add(served, accepted_at + timeout_s)
 
-    async def _run(self, served: _Served, conn_id: int, peer: str) -> None:
-        tls = self._context.tls
-        name = tls.principal_name(served.get_extra_info("ssl_object")) if tls else None
-        try:
-            serve_connection(conn_id)  # this task's context: its log lines
-            await MqttConnection(self._services, served, conn_id, certificate_name=name).run()
-        except asyncio.CancelledError:
-            pass  # stop() or a kick: the connection just closes
-        except ConnectionError as e:  # the peer went away: not our bug
-            log.debug("%s: connection from %s lost: %s", self._name, peer, e)
-        except Exception:
-            log.exception("%s: connection from %s failed; closing it", self._name, peer)
-        finally:
-            self._context.connections.unregister(conn_id)
-            self._services.deadlines.discard(served)
-            try:
-                await _close(served)
-            finally:
-                task = asyncio.current_task()
-                if task is not None:
-                    self._tasks.discard(task)  # only now: stop() waits for the close too
+    def ended(self, served: _Served, task: asyncio.Task[None]) -> None:
+        """The connection's task ended: unregister it, say why if it failed, close
+        its socket after what it wrote, and cut a peer that does not read that
+        within the grace."""
+        self._context.connections.unregister(served.conn_id)
+        self._services.deadlines.discard(served)
+        if not task.cancelled():  # cancelled: stop() or a kick; it just closes
+            error = task.exception()
+            if error is not None:
+                peer = _format_peer(served.get_extra_info("peername"))
+                if isinstance(error, ConnectionError):  # the peer went away: not our bug
+                    log.debug("%s: connection from %s lost: %s", self._name, peer, error)
+                else:
+                    log.error(
+                        "%s: connection from %s failed; closing it",
+                        self._name,
+                        peer,
+                        exc_info=error,
+                    )
+        served.close()
+        if served.lost:
+            self._served.discard(served)
+        else:
+            asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, served.abort)
+
+    def lost(self, served: _Served) -> None:
+        """The loop says the connection is gone: forgotten once its task ended too
+        (until then stop() still has the task to cancel)."""
+        task = served.task
+        if task is None or task.done():
+            self._served.discard(served)
 
     def handshake_due(self, served: _Served, conn_id: int) -> None:
         """``served`` was not closed within the handshake timeout of its TCP accept:
@@ -158,6 +179,13 @@ class _Served(TcpTransport):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
         self._listener.serve(self, self._accepted_at)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)
+        self._listener.lost(self)
+
+    def ended(self, task: asyncio.Task[None]) -> None:
+        self._listener.ended(self, task)
 
     def due(self, now: float) -> None:
         """The handshake deadline (protocols/mqtt/deadlines.py)."""

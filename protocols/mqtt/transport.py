@@ -162,6 +162,11 @@ class TcpTransport(asyncio.Protocol):
             self._closed = asyncio.get_running_loop().create_future()
         await asyncio.shield(self._closed)
 
+    @property
+    def lost(self) -> bool:
+        """Whether the loop said the connection is gone."""
+        return self._closed is not None and self._closed.done()
+
     def abort(self) -> None:
         if self._transport is not None:
             self._transport.abort()

@@ -24,12 +24,10 @@ ONE_FORM = True
 
 CONNECTIONS = 300
 # Bytes of Python heap per idle connection (v3.1.1, clean session, keep-alive 600 s)
-# on asyncio's loop. Measured 4,080 (docs/mqtt.md, "Memory per connection"): the
-# socket and its selector transport about 1,600 of it, the registry entry, the task,
-# the connection, its session and outbound side the rest. Before this work it was
-# 10,800; a set instead of a dict in every Session adds 300, the asyncio.timeout
-# per connection for its keep-alive 900.
-BUDGET_BYTES = 6_100
+# on asyncio's loop: measured 5,140 (docs/mqtt.md, "Memory per connection"), of which
+# the socket and its selector transport are about 1,600; 10,800 before. Sets instead
+# of dicts in every Session again add 330, an asyncio.timeout for the keep-alive 620.
+BUDGET_BYTES = 5_300
 KEEP_ALIVE_S = 600
 
 
