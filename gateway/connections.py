@@ -28,6 +28,7 @@ __all__ = [
     "Connection",
     "ConnectionRegistry",
     "TooManyConnections",
+    "Traffic",
     "current_connection_id",
     "peer_host",
     "serve_connection",
@@ -85,6 +86,22 @@ class Connection:
     # The consumer group the client consumes for, when its protocol says so on the
     # connection (RocketMQ's settings): the admin API's group members.
     group: str | None = None
+    # Whether it came over TLS; None where the transport does not say (the console
+    # shows "?" rather than a wrong "no"). ``certificate``: the verified client
+    # certificate's subject common name, if it sent one.
+    tls: bool | None = None
+    certificate: str | None = None
+
+
+class Traffic:
+    """A connection's messages and bytes in and out, as metering counted them while
+    its task served it (:meth:`ConnectionRegistry.count_traffic`): plain ints, one
+    object per connection, added to once per metered batch."""
+
+    __slots__ = ("bytes_in", "bytes_out", "messages_in", "messages_out")
+
+    def __init__(self) -> None:
+        self.messages_in = self.bytes_in = self.messages_out = self.bytes_out = 0
 
 
 class ConnectionRegistry:
@@ -116,6 +133,27 @@ class ConnectionRegistry:
         self._per_protocol: collections.Counter[str] = collections.Counter()
         self._per_address: collections.Counter[str] = collections.Counter()
         self._established: set[int] = set()
+        self._traffic: dict[int, Traffic] = {}
+        metering.per_connection = self.count_traffic
+
+    def count_traffic(
+        self, messages_in: int, bytes_in: int, messages_out: int, bytes_out: int
+    ) -> None:
+        """Add what metering just counted to the connection the running task serves
+        (:func:`current_connection_id`, set by the TCP transports): the admin API's
+        per-connection rates at the cost of a dict lookup per metered batch. Work done
+        outside a connection's task (HTTP requests, RocketMQ's gRPC calls) counts for
+        no connection."""
+        traffic = self._traffic.get(_current.get())  # type: ignore[arg-type]
+        if traffic is not None:
+            traffic.messages_in += messages_in
+            traffic.bytes_in += bytes_in
+            traffic.messages_out += messages_out
+            traffic.bytes_out += bytes_out
+
+    def traffic(self, connection_id: int) -> Traffic | None:
+        """What :meth:`count_traffic` counted for a connection so far."""
+        return self._traffic.get(connection_id)
 
     def __len__(self) -> int:
         return len(self._open)
@@ -129,9 +167,12 @@ class ConnectionRegistry:
         principal: Principal | None = None,
         namespace: str | None = None,
         client_id: str | None = None,
+        tls: bool | None = None,
+        certificate: str | None = None,
     ) -> Connection:
         """Admit a connection, or raise :class:`TooManyConnections` at the limit (the
-        caller then closes the socket: refusing early costs less than serving)."""
+        caller then closes the socket: refusing early costs less than serving).
+        ``tls`` and ``certificate`` are what the transport knows of its TLS."""
         if len(self._open) >= self._max:
             raise TooManyConnections(f"connection limit of {self._max} reached")
         if self._per_protocol[protocol] >= self._max_per_protocol:
@@ -153,8 +194,11 @@ class ConnectionRegistry:
             principal=principal,
             namespace=namespace,
             client_id=client_id,
+            tls=tls,
+            certificate=certificate,
         )
         self._open[conn.id] = conn
+        self._traffic[conn.id] = Traffic()
         self._close[conn.id] = close
         self._per_protocol[protocol] += 1
         self._per_address[address] += 1
@@ -226,6 +270,7 @@ class ConnectionRegistry:
         conn = self._open.pop(connection_id, None)
         self._close.pop(connection_id, None)
         self._established.discard(connection_id)
+        self._traffic.pop(connection_id, None)
         if conn is None:
             return
         _decrement(self._per_protocol, conn.protocol)

@@ -269,7 +269,11 @@ class TcpListener(ListenerBase):
 
                 try:
                     conn_id = self._connections.register(
-                        protocol=self._protocol, peer=peer, close=close
+                        protocol=self._protocol,
+                        peer=peer,
+                        close=close,
+                        tls=self._tls is not None,
+                        certificate=_certificate_name(writer),
                     ).id
                 except TooManyConnections as e:
                     log.warning("%s: refused %s: %s", self._name, peer, e)
@@ -347,6 +351,20 @@ async def _close(writer: asyncio.StreamWriter, grace_s: float) -> None:
         writer.transport.abort()
     except OSError:
         pass
+
+
+def _certificate_name(writer: asyncio.StreamWriter) -> str | None:
+    """The subject common name of the client certificate a TLS peer sent (the loop
+    verified it in the handshake), for the connection list; None without one."""
+    ssl_object = writer.get_extra_info("ssl_object")
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    for rdn in (certificate or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 # The TLS handshake's bound on a listener without a handshake timeout (asyncio's own).

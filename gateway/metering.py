@@ -7,7 +7,7 @@ event loop), no labels objects, nothing allocated on the hot path once a
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 __all__ = ["Metering", "Usage", "render_prometheus"]
@@ -38,9 +38,15 @@ class Usage:
     connections_total: int = 0
 
 
+# Called with (messages in, bytes in, messages out, bytes out) on every count: the
+# connection registry's per-connection counts (ConnectionRegistry.count_traffic).
+TrafficHook = Callable[[int, int, int, int], None]
+
+
 class Metering:
     def __init__(self) -> None:
         self._counters: dict[tuple[str, str], _Counters] = {}
+        self.per_connection: TrafficHook | None = None
 
     def _get(self, namespace: str, protocol: str) -> _Counters:
         key = (namespace, protocol)
@@ -53,11 +59,15 @@ class Metering:
         c = self._get(namespace, protocol)
         c.messages_in += messages
         c.bytes_in += nbytes
+        if self.per_connection is not None:
+            self.per_connection(messages, nbytes, 0, 0)
 
     def record_out(self, namespace: str, protocol: str, *, messages: int, nbytes: int) -> None:
         c = self._get(namespace, protocol)
         c.messages_out += messages
         c.bytes_out += nbytes
+        if self.per_connection is not None:
+            self.per_connection(0, 0, messages, nbytes)
 
     def connection_opened(self, namespace: str, protocol: str) -> None:
         c = self._get(namespace, protocol)

@@ -14,14 +14,20 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
 
-from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
+from polymq.gateway.accounts import ANONYMOUS, AccessDenied, AuthError, Principal
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
+from polymq.protocols.http.admin_amqp import amqp_queues
 from polymq.protocols.http.admin_manage import manage_router
 from polymq.protocols.http.admin_members import members_of
 from polymq.protocols.http.admin_permissions import permissions_router
 from polymq.protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
-from polymq.storage.errors import QueueNotFound, TopicNotFound
+from polymq.storage.errors import (
+    InvalidName,
+    NamespaceAlreadyExists,
+    QueueNotFound,
+    TopicNotFound,
+)
 
 __all__ = ["admin_router"]
 
@@ -68,13 +74,45 @@ def admin_router(context: ListenerContext) -> APIRouter:
             names = [namespace]
         return [Caller(principal=principal, namespace=name, protocol=_PROTOCOL) for name in names]
 
-    @router.get("/namespaces", summary="Namespaces and how many topics each holds")
+    @router.get("/namespaces", summary="Namespaces and how many topics and queues each holds")
     async def namespaces(request: Request) -> dict[str, Any]:
+        """``queues``: the MNS and AMQP queues (as ``/admin/queues`` lists them);
+        ``topics``: the topics clients see (a queue is kept in a topic of its own, so
+        MNS queues are counted in both, as the topics page shows them)."""
         result = []
         for caller in await callers(request, None):
             topics = await processor.list_topics(caller)
-            result.append({"name": caller.namespace, "topics": len(topics)})
+            mns = await processor.meta_list(caller, QUEUE_KIND)
+            amqp = await amqp_queues(processor, caller)
+            result.append(
+                {"name": caller.namespace, "topics": len(topics), "queues": len(mns) + len(amqp)}
+            )
         return {"namespaces": result}
+
+    @router.post("/namespaces", status_code=201, summary="Create a namespace (admins only)")
+    async def create_namespace(request: Request) -> dict[str, Any]:
+        """Body ``{"name": ...}``. In accounts mode only an admin account that may use
+        that namespace creates it (``Processor.create_namespace`` checks both)."""
+        principal = await _principal(context, request)
+        if not principal.admin:
+            raise HTTPException(403, "only admin accounts may do this")
+        try:
+            body = await request.json()
+            name = body["name"]
+        except (ValueError, KeyError, TypeError):
+            raise HTTPException(422, 'the body is {"name": "<namespace>"}') from None
+        if not isinstance(name, str):
+            raise HTTPException(422, "the namespace's name is a string")
+        caller = Caller(principal=principal, namespace=name, protocol=_PROTOCOL)
+        try:
+            await processor.create_namespace(caller, name)
+        except NamespaceAlreadyExists:
+            raise HTTPException(409, f"namespace {name!r} exists") from None
+        except InvalidName as e:
+            raise HTTPException(400, str(e)) from None
+        except AccessDenied as e:
+            raise HTTPException(403, str(e)) from None
+        return {"name": name, "topics": 0, "queues": 0}
 
     @router.get("/topics", summary="Topics with their queues' offsets")
     async def topics(
@@ -95,6 +133,7 @@ def admin_router(context: ListenerContext) -> APIRouter:
                             "queue_count": info.config.queue_count,
                             "message_type": str(info.config.message_type),
                             "retention_ms": info.config.retention_ms,
+                            "retention_bytes": info.config.retention_bytes,
                             "internal": info.config.internal,
                         },
                         "queues": [
@@ -167,8 +206,23 @@ def admin_router(context: ListenerContext) -> APIRouter:
                 )
         return {"groups": result}
 
+    def traffic(connection_id: int) -> dict[str, int | None]:
+        """What metering counted for a connection (None where its protocol's work runs
+        outside the connection's task: ``ConnectionRegistry.count_traffic``)."""
+        t = context.connections.traffic(connection_id)
+        return {
+            "messages_in": t.messages_in if t else None,
+            "messages_out": t.messages_out if t else None,
+            "bytes_in": t.bytes_in if t else None,
+            "bytes_out": t.bytes_out if t else None,
+        }
+
     @router.get("/connections", summary="Open connections, per protocol")
     async def connections(request: Request) -> dict[str, Any]:
+        """``tls``: whether the connection came over TLS (null where its listener does
+        not say); ``certificate``: the client certificate's subject CN; messages and
+        bytes in and out: counted by metering for this connection since it opened
+        (``opened_ms``), from which the console shows rates."""
         principal = await _principal(context, request)
         listed = [
             c
@@ -189,6 +243,9 @@ def admin_router(context: ListenerContext) -> APIRouter:
                     "user": c.principal.name if c.principal else None,
                     "namespace": c.namespace,
                     "client_id": c.client_id,
+                    "tls": c.tls,
+                    "certificate": c.certificate,
+                    **traffic(c.id),
                 }
                 for c in listed
             ],
