@@ -4,8 +4,9 @@ directory and stopped at its end, so nothing system-wide is used or left running
 
 RabbitMQ gets its own node name, data, log and config locations through its
 ``RABBITMQ_*`` variables, its own Erlang distribution and epmd ports (another node on
-the machine, or a system service, is never touched), and no plugins. Mosquitto runs
-with persistence off, as people usually run it. The ``Server`` yielded carries the pid
+the machine, or a system service, is never touched; the epmd is ours, started first
+and stopped last), and no plugins. Mosquitto runs with persistence off, as people
+usually run it. The ``Server`` yielded carries the pid
 of the process doing the work (RabbitMQ's Erlang VM, not the shell script around it),
 so a ``Meter`` reads that broker's CPU.
 """
@@ -87,7 +88,7 @@ def mosquitto_server() -> Iterator[Server]:
                     raise
 
 
-def _rabbitmq_env(base: Path, amqp_port: int) -> dict[str, str]:
+def _rabbitmq_env(base: Path, amqp_port: int, epmd_port: int) -> dict[str, str]:
     """Everything RabbitMQ writes goes under ``base``; its ports are ours."""
     plugins = base / "enabled_plugins"
     plugins.write_text("[].\n")
@@ -98,7 +99,8 @@ def _rabbitmq_env(base: Path, amqp_port: int) -> dict[str, str]:
         RABBITMQ_NODE_IP_ADDRESS=HOST,
         RABBITMQ_NODE_PORT=str(amqp_port),
         RABBITMQ_DIST_PORT=str(free_port()),
-        ERL_EPMD_PORT=str(free_port()),
+        ERL_EPMD_PORT=str(epmd_port),
+        ERL_EPMD_ADDRESS=HOST,
         RABBITMQ_MNESIA_BASE=str(base / "mnesia"),
         RABBITMQ_LOG_BASE=str(base / "log"),
         RABBITMQ_CONFIG_FILE=str(base / "rabbitmq"),  # none there: the defaults
@@ -128,18 +130,25 @@ def _listens(proc: psutil.Process, port: int) -> bool:
     return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
 
-def _kill_epmd(port: str) -> None:
-    """The epmd the VM started for its node: a daemon of its own, outliving the VM.
-    Only the one on our port is asked to stop."""
-    epmd = shutil.which("epmd")
-    if epmd is not None:
-        subprocess.run(
-            [epmd, "-port", port, "-kill"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=STOP_TIMEOUT_S,
-            check=False,
-        )
+@contextlib.contextmanager
+def _epmd() -> Iterator[int]:
+    """An epmd of our own on a free loopback port, as our child, until the block
+    ends. Left to the VM, epmd is started as a detached daemon that outlives it, and the
+    VM's first query could race its start (``{error,address}`` at boot, seen here)."""
+    binary = shutil.which("epmd")
+    if binary is None:
+        raise FileNotFoundError("epmd is missing (it comes with erlang-base)")
+    env = {**os.environ, "ERL_EPMD_ADDRESS": HOST}
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        command = [binary, "-port", str(port)]
+        try:
+            with process_server(command, port, env=env, stderr=subprocess.DEVNULL, label="epmd"):
+                yield port
+                return
+        except ServerExited:
+            if attempt == PORT_ATTEMPTS:
+                raise
 
 
 @contextlib.contextmanager
@@ -151,9 +160,9 @@ def rabbitmq_server(start_timeout: float = RABBITMQ_START_TIMEOUT_S) -> Iterator
     if not rabbitmq_installed():
         raise FileNotFoundError("RabbitMQ is not installed (apt-get install rabbitmq-server)")
     for attempt in range(1, PORT_ATTEMPTS + 1):
-        with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp:
+        with tempfile.TemporaryDirectory(prefix="bench-rabbitmq-") as tmp, _epmd() as epmd_port:
             try:
-                started = _start_rabbitmq(Path(tmp), start_timeout)
+                started = _start_rabbitmq(Path(tmp), epmd_port, start_timeout)
             except _StartFailed:
                 if attempt == PORT_ATTEMPTS:
                     raise
@@ -163,7 +172,6 @@ def rabbitmq_server(start_timeout: float = RABBITMQ_START_TIMEOUT_S) -> Iterator
                 yield Server(HOST, int(env["RABBITMQ_NODE_PORT"]), beam.pid, "rabbitmq")
             finally:
                 _stop_rabbitmq(proc, beam)
-                _kill_epmd(env["ERL_EPMD_PORT"])
                 log.close()
             return
 
@@ -173,11 +181,11 @@ class _StartFailed(RuntimeError):
 
 
 def _start_rabbitmq(
-    base: Path, start_timeout: float
+    base: Path, epmd_port: int, start_timeout: float
 ) -> tuple[subprocess.Popen[bytes], psutil.Process, dict[str, str], IO[bytes]]:
     """Start it and wait until its VM listens; on failure nothing is left running."""
     port = free_port()
-    env = _rabbitmq_env(base, port)
+    env = _rabbitmq_env(base, port, epmd_port)
     log = (base / "server.out").open("wb")
     proc = subprocess.Popen(
         [RABBITMQ_SCRIPT],
@@ -200,7 +208,6 @@ def _start_rabbitmq(
             time.sleep(0.2)
     except BaseException:
         _stop_rabbitmq(proc, beam)
-        _kill_epmd(env["ERL_EPMD_PORT"])
         log.close()
         raise
     return proc, beam, env, log
