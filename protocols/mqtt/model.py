@@ -112,16 +112,18 @@ class Session:
     inbound_qos2: dict[int, int] = field(default_factory=dict)
     release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # PUBREL sent, PUBCOMP awaited. Packet ids as a dict's keys (values None), as is
-    # ``fresh`` below: an empty dict weighs 64 bytes, an empty set 216, and every
-    # session has both, nearly always empty (docs/mqtt.md, "Memory per connection").
+    # PUBREL sent, PUBCOMP awaited. Packet ids as a dict's keys (values None): an
+    # empty dict weighs 64 bytes, an empty set 216, and every session has one, nearly
+    # always empty (docs/mqtt.md, "Memory per connection").
     outbound_pubrel: dict[int, None] = field(default_factory=dict)
-    timers: list[asyncio.TimerHandle] = field(default_factory=list)
+    # Made on first use (None until then), as are ``fresh`` (filter -> None) and
+    # ``announced_at`` below: nearly always empty, and every session would have them.
+    timers: list[asyncio.TimerHandle] | None = None
     # Several gateways: the others know it (tell them it ended); filters subscribed
     # here not yet announced, and the events offset at which each one was.
     announced: bool = False
-    fresh: dict[str, None] = field(default_factory=dict)
-    announced_at: dict[str, int] = field(default_factory=dict)
+    fresh: dict[str, None] | None = None
+    announced_at: dict[str, int] | None = None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -183,6 +185,6 @@ def inbound_from_json(raw: Any) -> dict[int, int]:
 
 
 def cancel_timers(session: Session) -> None:
-    for timer in session.timers:
+    timers, session.timers = session.timers, None
+    for timer in timers or ():
         timer.cancel()
-    session.timers.clear()

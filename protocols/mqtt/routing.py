@@ -427,7 +427,8 @@ class Router:
                 continue
             session, options = value
             queue = session.queue
-            if queue is None or not session.announced_at:
+            announced_at = session.announced_at
+            if queue is None or not announced_at:
                 continue
             if queue in missed or (options.no_local and session.client_id == item.publisher):
                 continue
@@ -436,7 +437,7 @@ class Router:
                 for f, o in session.subscriptions.items()
                 if split_shared(f) is None and filter_matches(f, item.topic)
             ]
-            unknown = all(session.announced_at.get(f, -1) >= applied for f, _ in matching)
+            unknown = all(announced_at.get(f, -1) >= applied for f, _ in matching)
             if matching and unknown and any(qos > 0 for _, qos in matching):
                 missed.append(queue)
         return missed

@@ -133,6 +133,8 @@ class Sessions:
 
     def schedule(self, session: Session, delay_s: float, action: Callable[[], object]) -> None:
         """Run ``action`` after ``delay_s`` unless the session is resumed first."""
+        if session.timers is None:
+            session.timers = []
         session.timers.append(asyncio.get_running_loop().call_later(delay_s, action))
 
     def schedule_expiry(self, session: Session, left_ms: int | None) -> None:
@@ -208,10 +210,12 @@ class Sessions:
     async def announce(self, session: Session, record: dict[str, Any]) -> None:
         assert self.core.peers is not None
         session.announced = True
-        fresh, session.fresh = session.fresh, {}
+        fresh, session.fresh = session.fresh, None
         offset = await self.core.emit("session", client=session.client_id, record=record)
-        for topic_filter in fresh:
+        for topic_filter in fresh or ():
             if topic_filter in session.subscriptions:
+                if session.announced_at is None:
+                    session.announced_at = {}
                 session.announced_at[topic_filter] = offset
 
     # -- QoS 2 in: exactly once across crashes ------------------------------------

@@ -40,6 +40,8 @@ class Subscriptions:
             self.remove(session, topic_filter)
         await self.add(session, topic_filter, options)
         if self.core.peers is not None and new:
+            if session.fresh is None:
+                session.fresh = {}
             session.fresh[topic_filter] = None
         return new
 
@@ -77,7 +79,8 @@ class Subscriptions:
     def remove(self, session: Session, topic_filter: str, *, drop_group: bool = True) -> None:
         if session.subscriptions.pop(topic_filter, None) is None:
             return
-        session.announced_at.pop(topic_filter, None)
+        if session.announced_at is not None:
+            session.announced_at.pop(topic_filter, None)
         shared = split_shared(topic_filter)
         self.tails.uncount(shared[1] if shared else topic_filter)
         if shared is None:
