@@ -98,9 +98,10 @@ class Traffic:
     its task served it (:meth:`ConnectionRegistry.count_traffic`): plain ints, one
     object per connection, added to once per metered batch."""
 
-    __slots__ = ("bytes_in", "bytes_out", "messages_in", "messages_out")
+    __slots__ = ("bytes_in", "bytes_out", "messages_in", "messages_out", "protocol")
 
-    def __init__(self) -> None:
+    def __init__(self, protocol: str) -> None:
+        self.protocol = protocol  # the connection's: what metering counts under others is not
         self.messages_in = self.bytes_in = self.messages_out = self.bytes_out = 0
 
 
@@ -137,22 +138,36 @@ class ConnectionRegistry:
         metering.per_connection = self.count_traffic
 
     def count_traffic(
-        self, messages_in: int, bytes_in: int, messages_out: int, bytes_out: int
+        self, protocol: str, messages_in: int, bytes_in: int, messages_out: int, bytes_out: int
     ) -> None:
         """Add what metering just counted to the connection the running task serves
         (:func:`current_connection_id`, set by the TCP transports): the admin API's
         per-connection rates at the cost of a dict lookup per metered batch. Work done
         outside a connection's task (HTTP requests, RocketMQ's gRPC calls) counts for
-        no connection."""
-        traffic = self._traffic.get(_current.get())  # type: ignore[arg-type]
-        if traffic is not None:
-            traffic.messages_in += messages_in
-            traffic.bytes_in += bytes_in
-            traffic.messages_out += messages_out
-            traffic.bytes_out += bytes_out
+        no connection; so do a protocol's own bookkeeping records metered under another
+        name (``amqp.changes``, AMQP's declarations), which are not the client's
+        messages."""
+        connection_id = _current.get()
+        if connection_id is None:
+            return
+        traffic = self._traffic.get(connection_id)
+        if traffic is None:
+            conn = self._open.get(connection_id)
+            if conn is None or conn.protocol != protocol:
+                return  # counted after it closed, or not the client's messages
+            # Made on the first count: a connection nothing was ever counted for
+            # lists none rather than zeros that an HTTP or gRPC one could not change.
+            traffic = self._traffic[connection_id] = Traffic(protocol)
+        elif traffic.protocol != protocol:
+            return
+        traffic.messages_in += messages_in
+        traffic.bytes_in += bytes_in
+        traffic.messages_out += messages_out
+        traffic.bytes_out += bytes_out
 
     def traffic(self, connection_id: int) -> Traffic | None:
-        """What :meth:`count_traffic` counted for a connection so far."""
+        """What :meth:`count_traffic` counted for a connection so far; None before its
+        first count."""
         return self._traffic.get(connection_id)
 
     def __len__(self) -> int:
@@ -198,7 +213,6 @@ class ConnectionRegistry:
             certificate=certificate,
         )
         self._open[conn.id] = conn
-        self._traffic[conn.id] = Traffic()
         self._close[conn.id] = close
         self._per_protocol[protocol] += 1
         self._per_address[address] += 1

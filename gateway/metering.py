@@ -38,9 +38,10 @@ class Usage:
     connections_total: int = 0
 
 
-# Called with (messages in, bytes in, messages out, bytes out) on every count: the
-# connection registry's per-connection counts (ConnectionRegistry.count_traffic).
-TrafficHook = Callable[[int, int, int, int], None]
+# Called with (protocol, messages in, bytes in, messages out, bytes out) on every
+# count: the connection registry's per-connection counts
+# (ConnectionRegistry.count_traffic).
+TrafficHook = Callable[[str, int, int, int, int], None]
 
 
 class Metering:
@@ -60,14 +61,14 @@ class Metering:
         c.messages_in += messages
         c.bytes_in += nbytes
         if self.per_connection is not None:
-            self.per_connection(messages, nbytes, 0, 0)
+            self.per_connection(protocol, messages, nbytes, 0, 0)
 
     def record_out(self, namespace: str, protocol: str, *, messages: int, nbytes: int) -> None:
         c = self._get(namespace, protocol)
         c.messages_out += messages
         c.bytes_out += nbytes
         if self.per_connection is not None:
-            self.per_connection(0, 0, messages, nbytes)
+            self.per_connection(protocol, 0, 0, messages, nbytes)
 
     def connection_opened(self, namespace: str, protocol: str) -> None:
         c = self._get(namespace, protocol)

@@ -77,8 +77,9 @@ def admin_router(context: ListenerContext) -> APIRouter:
     @router.get("/namespaces", summary="Namespaces and how many topics and queues each holds")
     async def namespaces(request: Request) -> dict[str, Any]:
         """``queues``: the MNS and AMQP queues (as ``/admin/queues`` lists them);
-        ``topics``: the topics clients see (a queue is kept in a topic of its own, so
-        MNS queues are counted in both, as the topics page shows them)."""
+        ``topics``: the topics it holds, as ``/admin/topics`` lists them (each queue
+        is kept in a topic of its own, ``jobs`` or ``amqp:tasks``: queues count in
+        both)."""
         result = []
         for caller in await callers(request, None):
             topics = await processor.list_topics(caller)

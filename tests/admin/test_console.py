@@ -44,6 +44,8 @@ CHROMEDRIVER = shutil.which("chromedriver")
 WAIT_S = 30.0
 ADMIN = ("ops", PASSWORD)
 LISTENERS = ("http", "kafka", "amqp")
+LAB = "lab"
+HOUR_MS = 3_600_000
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None,
@@ -160,6 +162,20 @@ def amqp_consumer(server: LiveServer) -> tuple[pika.BlockingConnection, str]:
     return connection, "{}:{}".format(*local)
 
 
+def read_committing(server: LiveServer, topic: str, group: str, count: int) -> list[bytes]:
+    """``count`` records of ``topic`` from its start through a new group ``group``,
+    committed, and the consumer gone."""
+    consumer = KafkaConsumer(topic, group_id=group, auto_offset_reset="earliest", **kafka(server))
+    got: list[bytes] = []
+    deadline = time.monotonic() + WAIT_S
+    while len(got) < count and time.monotonic() < deadline:
+        for records in consumer.poll(timeout_ms=500).values():
+            got.extend(r.value for r in records)
+    consumer.commit()
+    consumer.close()
+    return got
+
+
 def tasks_of(server: LiveServer) -> dict[str, Any]:
     queues: list[dict[str, Any]] = api(server, "/admin/queues?kind=amqp")["queues"]
     [tasks] = [q for q in queues if q["name"] == "tasks"]
@@ -191,6 +207,13 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
         got += sum(len(r) for r in consumer.poll(timeout_ms=500).values())
     consumer.commit()
     consumer.close()
+    created = httpx.post(
+        url(server) + f"/admin/topics/{NS}",
+        json={"name": "metered", "retention_ms": HOUR_MS},
+        auth=ADMIN,
+        timeout=WAIT_S,
+    )
+    assert created.status_code == 201, created.text
     queue = Account(url(server), "guest-ak", "guest-sk").get_queue("jobs")
     for i in range(2):
         queue.send_message(MnsMessage(f"job {i}"))
@@ -205,12 +228,46 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     until(browser, lambda d: d.find_element(By.ID, "main").get_attribute("data-page"))
     goto(browser, "overview")
     assert cells(browser, "overview-protocols", "kafka")[0] == "kafka"
+    # Storage: the nodes' free disk in the separated form; the merged engine reports none.
+    cards = browser.find_element(By.ID, "overview-cards").text
+    assert ("disk free" in cards) == (api(server, "/admin/nodes")["form"] == "separated")
     shoot(browser, server_form, "overview")
+
+    # Namespaces: counts as the API says; create one from the page.
+    goto(browser, "namespaces")
+    [shop] = [n for n in api(server, "/admin/namespaces")["namespaces"] if n["name"] == NS]
+    assert shop["queues"] == 2  # jobs (MNS) and tasks (AMQP)
+    assert cells(browser, "namespaces-table", NS) == [NS, str(shop["topics"]), "2"]
+    form = browser.find_element(By.ID, "namespace-create")
+    form.find_element(By.NAME, "name").send_keys(LAB)
+    form.find_element(By.TAG_NAME, "button").click()
+    status_says(browser, f"create namespace {LAB}: done")
+    until(browser, lambda d: cells(d, "namespaces-table", LAB) == [LAB, "0", "0"])
+    assert LAB in [n["name"] for n in api(server, "/admin/namespaces")["namespaces"]]
+    shoot(browser, server_form, "namespaces")
+    # An admin may use every namespace; the guest, limited to its own, is refused it.
+    refused = httpx.get(
+        url(server) + f"/admin/topics?namespace={LAB}", auth=("guest", PASSWORD), timeout=WAIT_S
+    )
+    assert refused.status_code == 404
 
     # Topics: what the API says; create, publish and peek through the page.
     goto(browser, "topics")
-    [orders] = [t for t in api(server, "/admin/topics")["topics"] if t["name"] == "orders"]
-    assert cells(browser, "topics-table", "orders")[4] == str(orders["queues"][0]["latest"]) == "3"
+    listed = {t["name"]: t for t in api(server, "/admin/topics")["topics"]}
+    orders, metered = listed["orders"], listed["metered"]
+    shown = cells(browser, "topics-table", "orders")
+    assert shown[4] == str(orders["queues"][0]["latest"]) == "3"
+    # Groups reading it (the API's /admin/groups) and its retention (the engine's default).
+    assert orders["config"]["retention_ms"] is None and shown[9:11] == ["billing", "default"]
+    assert metered["config"]["retention_ms"] == HOUR_MS
+    assert cells(browser, "topics-table", "metered")[5:11] == ["\N{EN DASH}"] * 4 + ["", "1 h"]
+    # In and out since the previous look: two messages produced, both committed by a group.
+    produce(server, "metered", [b"m1", b"m2"])
+    assert read_committing(server, "metered", "meterers", 2) == [b"m1", b"m2"]
+    goto(browser, "topics")
+    shown = cells(browser, "topics-table", "metered")
+    assert (shown[5], shown[7], shown[9]) == ("2", "2", "meterers")
+    assert float(shown[6]) > 0 and float(shown[8]) > 0
     form = browser.find_element(By.ID, "topic-create")
     form.find_element(By.NAME, "namespace").clear()
     form.find_element(By.NAME, "namespace").send_keys(NS)
@@ -292,7 +349,27 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     # consumer is gone from the queue.
     [mine] = [c for c in api(server, "/admin/connections")["connections"] if c["peer"] == amqp_peer]
     assert mine["protocol"] == "amqp"
+    # A plaintext connection; its counts are what metering counted for AMQP in its
+    # namespace (pika's is the only AMQP connection: its publishes, and the one
+    # delivery it holds).
+    assert (mine["tls"], mine["certificate"]) == (False, None)
+    [amqp_usage] = [
+        u
+        for u in api(server, "/admin/usage")["usage"]
+        if (u["protocol"], u["namespace"]) == ("amqp", NS)
+    ]
+    counted = [mine[k] for k in ("messages_in", "messages_out", "bytes_in", "bytes_out")]
+    assert counted == [
+        amqp_usage[k] for k in ("messages_in", "messages_out", "bytes_in", "bytes_out")
+    ]
+    assert counted[0] >= 2 and counted[1] == 1
     goto(browser, "connections")
+    shown = [
+        td.text for td in browser.find_elements(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] td")
+    ]
+    assert shown[6] == "no" and shown[8:10] == [str(counted[0]), "1"]
+    assert all(unit in shown[10] + shown[11] for unit in ("B",))
+    assert float(shown[12]) > 0 and float(shown[13]) > 0
     shoot(browser, server_form, "connections")
     browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] .close").click()
     status_says(browser, f"close {mine['id']}: done")

@@ -128,7 +128,11 @@ async function overview() {
     card("messages in/s", rate[0]), card("messages out/s", rate[1]),
     card("messages in", totalIn), card("messages out", totalOut),
     card("connections", connections.connections.length),
-    card("storage", nodes.form === "merged" ? "embedded" : `${nodes.nodes.length} nodes`));
+    card("storage", nodes.form === "merged" ? "embedded" : `${nodes.nodes.length} nodes`),
+    // Bytes used on disk are not reported by the engine or the nodes; the nodes'
+    // heartbeats carry the free space of their data directories.
+    nodes.form === "merged" ? null : card("disk free",
+      bytes(nodes.nodes.reduce((n, x) => n + x.disk_free_bytes, 0))));
   const canvas = el("canvas", { id: "chart", width: 600, height: 140 });
   draw(canvas);
   return [
@@ -167,8 +171,59 @@ function draw(canvas) {
   }
 }
 
+function bytes(n) {
+  if (n === null || n === undefined) return "–";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i += 1; }
+  return i ? `${n.toFixed(1)} ${units[i]}` : `${n} B`;
+}
+
+function duration(ms) {
+  for (const [unit, size] of [["d", 86400000], ["h", 3600000], ["min", 60000], ["s", 1000]]) {
+    if (ms >= size && ms % size === 0) return `${ms / size} ${unit}`;
+  }
+  return `${ms} ms`;
+}
+
+function retention(config) {
+  // The topic's own retention; none set: the engine's default ([storage] retention).
+  const parts = [];
+  if (config.retention_ms === -1) parts.push("until consumed");
+  else if (config.retention_ms) parts.push(duration(config.retention_ms));
+  if (config.retention_bytes) parts.push(bytes(config.retention_bytes));
+  return parts.join(", ") || "default";
+}
+
+// The previous look at the topics: [time, {"ns/topic": [appended, consumed]}], so
+// each look shows what came in and went out since the one before, and its rate.
+let topicSample = null;
+
+function sinceLast(key, appended, consumed, now) {
+  if (!topicSample || !(key in topicSample[1])) return ["–", "–", "–", "–"];
+  const [before, [a0, c0]] = [topicSample[0], topicSample[1][key]];
+  const s = Math.max(0.001, (now - before) / 1000);
+  const i = appended - a0;
+  const o = consumed - c0;
+  return [i, (i / s).toFixed(1), o, (o / s).toFixed(1)];
+}
+
 async function topics() {
-  const data = await api("GET", "/admin/topics");
+  const [data, groupsData] = await Promise.all([
+    api("GET", "/admin/topics"), api("GET", "/admin/groups")]);
+  // Who reads each topic: the groups with a committed offset (or a popped queue) on
+  // it; "consumed" sums the committed offsets of its offset groups.
+  const readers = {};
+  const consumed = {};
+  for (const g of groupsData.groups) {
+    for (const q of g.queues) {
+      const key = `${g.namespace}/${q.topic}`;
+      (readers[key] ||= new Set()).add(g.name);
+      if (q.committed !== undefined) consumed[key] = (consumed[key] || 0) + q.committed;
+    }
+  }
+  const now = Date.now();
+  const sample = {};
   const create = el("form", { class: "inline", id: "topic-create", onsubmit: async (e) => {
     e.preventDefault();
     const v = values(e.target);
@@ -178,9 +233,16 @@ async function topics() {
   } }, "New topic", field("namespace", "namespace", "default"), field("name", "name"),
   field("queue_count", "queues", "1"), el("button", { type: "submit" }, "Create"));
   const peeked = el("div", { id: "peeked" });
-  const rows = data.topics.map((t) => el("tr", { "data-name": t.name },
+  const rows = data.topics.map((t) => {
+    const key = `${t.namespace}/${t.name}`;
+    const appended = t.queues.reduce((n, q) => n + q.latest, 0);
+    sample[key] = [appended, consumed[key] || 0];
+    const [inSince, inRate, outSince, outRate] = sinceLast(key, appended, consumed[key] || 0, now);
+    return el("tr", { "data-name": t.name },
     cell(t.namespace), cell(t.name), cell(t.config.queue_count), cell(t.config.message_type),
     cell(t.queues.reduce((n, q) => n + q.latest - q.earliest, 0)),
+    cell(inSince), cell(inRate), cell(outSince), cell(outRate),
+    cell([...(readers[key] || [])].sort().join(", ")), cell(retention(t.config)),
     el("td", {},
       el("button", { class: "peek", onclick: async () => {
         const m = await act("peek", () => api("GET",
@@ -199,9 +261,14 @@ async function topics() {
         await act(`delete ${t.name}`, () => api("DELETE",
           `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}`));
         route();
-      } }, "Delete"))));
+      } }, "Delete")));
+  });
+  topicSample = [now, sample];
   return [el("h2", {}, "Topics"), create,
-    table("topics-table", ["namespace", "topic", "queues", "type", "messages", ""], rows), peeked];
+    el("p", {}, "In and out: messages appended, and committed by the topic's offset groups, " +
+      "since the previous look at this page, and per second."),
+    table("topics-table", ["namespace", "topic", "queues", "type", "messages", "in", "in/s",
+      "out", "out/s", "groups", "retention", ""], rows), peeked];
 }
 
 function messages(title, list) {
@@ -323,15 +390,43 @@ function members(d) {
 
 async function connections() {
   const data = await api("GET", "/admin/connections");
+  const now = Date.now();
+  // Rates: what metering counted for the connection over the time it has been open.
+  const perSecond = (n, c) => n === null ? "–"
+    : (n / Math.max(0.001, (now - c.opened_ms) / 1000)).toFixed(1);
   const rows = data.connections.map((c) => el("tr", { "data-id": c.id },
     cell(c.id), cell(c.protocol), cell(c.peer), cell(c.user), cell(c.namespace), cell(c.client_id),
+    cell(c.tls === null ? "?" : (c.tls ? "yes" : "no") + (c.certificate ? ` (${c.certificate})` : "")),
+    cell(`${duration(Math.max(0, Math.round((now - c.opened_ms) / 1000)) * 1000)} ago`),
+    cell(c.messages_in ?? "–"), cell(c.messages_out ?? "–"),
+    cell(bytes(c.bytes_in)), cell(bytes(c.bytes_out)),
+    cell(perSecond(c.messages_in, c)), cell(perSecond(c.messages_out, c)),
     el("td", {}, el("button", { class: "close", onclick: async () => {
       await act(`close ${c.id}`, () => api("DELETE", `/admin/connections/${c.id}`));
       route();
     } }, "Close"))));
   return [el("h2", {}, "Connections (this gateway)"),
-    table("connections-table", ["id", "protocol", "peer", "user", "namespace", "client id", ""],
-      rows)];
+    el("p", {}, "Messages and bytes as metering counted them for the connection since " +
+      "it opened; – where its protocol's work is not counted per connection (HTTP, " +
+      "RocketMQ) or nothing was yet. TLS ? : its listener does not say."),
+    table("connections-table", ["id", "protocol", "peer", "user", "namespace", "client id",
+      "TLS", "opened", "msgs in", "msgs out", "bytes in", "bytes out", "in/s", "out/s", ""],
+    rows)];
+}
+
+async function namespaces() {
+  const data = await api("GET", "/admin/namespaces");
+  const create = el("form", { class: "inline", id: "namespace-create", onsubmit: async (e) => {
+    e.preventDefault();
+    const v = values(e.target);
+    await act(`create namespace ${v.name}`, () => api("POST", "/admin/namespaces",
+      { name: v.name }));
+    route();
+  } }, "New namespace", field("name", "name"), el("button", { type: "submit" }, "Create"));
+  return [el("h2", {}, "Namespaces"), create,
+    table("namespaces-table", ["namespace", "topics", "queues"],
+      data.namespaces.map((n) => el("tr", { "data-name": n.name },
+        cell(n.name), cell(n.topics), cell(n.queues))))];
 }
 
 async function cluster() {
@@ -399,7 +494,9 @@ function addRule() {
   choice("effect", ["allow", "deny"]), el("button", { type: "submit" }, "Add"));
 }
 
-const pages = { overview, topics, queues, groups, connections, cluster, accounts };
+const pages = {
+  overview, namespaces, topics, queues, groups, connections, cluster, accounts,
+};
 
 async function route() {
   clearInterval(timer);
