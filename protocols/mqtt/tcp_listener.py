@@ -99,7 +99,13 @@ class MqttTcpListener(ListenerBase):
         peer = _format_peer(transport.get_extra_info("peername"))
         registry = self._context.connections
         try:
-            conn_id = registry.register(protocol="mqtt", peer=peer, close=served.kick).id
+            conn_id = registry.register(
+                protocol="mqtt",
+                peer=peer,
+                close=served.kick,
+                tls=self._context.tls is not None,
+                certificate=_certificate_name(transport.get_extra_info("ssl_object")),
+            ).id
         except TooManyConnections as e:
             log.warning("%s: refused %s: %s", self._name, peer, e)
             transport.close()
@@ -212,6 +218,20 @@ async def _close(served: TcpTransport) -> None:
             await served.wait_closed()
     except (TimeoutError, asyncio.CancelledError):
         served.abort()
+
+
+def _certificate_name(ssl_object: Any) -> str | None:
+    """The subject common name of the client certificate a TLS peer sent (the loop
+    verified it in the handshake), for the connection list; None without one (as the
+    gateway's TCP listener says it)."""
+    if ssl_object is None:
+        return None
+    certificate = ssl_object.getpeercert()
+    for rdn in (certificate or {}).get("subject", ()):
+        for key, value in rdn:
+            if key == "commonName":
+                return str(value)
+    return None
 
 
 def _format_peer(peername: object) -> str:
