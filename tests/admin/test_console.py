@@ -367,8 +367,9 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     shown = [
         td.text for td in browser.find_elements(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] td")
     ]
-    assert shown[6] == "no" and shown[8:10] == [str(counted[0]), "1"]
-    assert all(unit in shown[10] + shown[11] for unit in ("B",))
+    assert shown[6] == "no" and shown[7].endswith(" s ago")
+    assert shown[8:10] == [str(counted[0]), "1"]
+    assert shown[10:12] == [f"{counted[2]} B", f"{counted[3]} B"]  # under a KiB each
     assert float(shown[12]) > 0 and float(shown[13]) > 0
     shoot(browser, server_form, "connections")
     browser.find_element(By.CSS_SELECTOR, f"tr[data-id='{mine['id']}'] .close").click()

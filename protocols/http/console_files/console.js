@@ -186,6 +186,14 @@ function duration(ms) {
   return `${ms} ms`;
 }
 
+function ago(ms) {
+  const s = Math.max(0, Math.round(ms / 1000));
+  if (s < 120) return `${s} s ago`;
+  if (s < 7200) return `${Math.floor(s / 60)} min ago`;
+  if (s < 172800) return `${Math.floor(s / 3600)} h ago`;
+  return `${Math.floor(s / 86400)} d ago`;
+}
+
 function retention(config) {
   // The topic's own retention; none set: the engine's default ([storage] retention).
   const parts = [];
@@ -203,8 +211,9 @@ function sinceLast(key, appended, consumed, now) {
   if (!topicSample || !(key in topicSample[1])) return ["–", "–", "–", "–"];
   const [before, [a0, c0]] = [topicSample[0], topicSample[1][key]];
   const s = Math.max(0.001, (now - before) / 1000);
-  const i = appended - a0;
-  const o = consumed - c0;
+  // A group reset back (or a topic made anew) is no traffic: counted as none.
+  const i = Math.max(0, appended - a0);
+  const o = Math.max(0, consumed - c0);
   return [i, (i / s).toFixed(1), o, (o / s).toFixed(1)];
 }
 
@@ -239,29 +248,29 @@ async function topics() {
     sample[key] = [appended, consumed[key] || 0];
     const [inSince, inRate, outSince, outRate] = sinceLast(key, appended, consumed[key] || 0, now);
     return el("tr", { "data-name": t.name },
-    cell(t.namespace), cell(t.name), cell(t.config.queue_count), cell(t.config.message_type),
-    cell(t.queues.reduce((n, q) => n + q.latest - q.earliest, 0)),
-    cell(inSince), cell(inRate), cell(outSince), cell(outRate),
-    cell([...(readers[key] || [])].sort().join(", ")), cell(retention(t.config)),
-    el("td", {},
-      el("button", { class: "peek", onclick: async () => {
-        const m = await act("peek", () => api("GET",
-          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages?limit=20`));
-        if (m) peeked.replaceChildren(...messages(`Messages of ${t.name}`, m.messages));
-      } }, "Peek"),
-      el("form", { class: "inline publish", onsubmit: async (e) => {
-        e.preventDefault();
-        await act(`publish to ${t.name}`, () => api("POST",
-          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages`,
-          { body: values(e.target).body }));
-        route();
-      } }, field("body", "test message"), el("button", { type: "submit" }, "Publish")),
-      el("button", { class: "delete", onclick: async () => {
-        if (!confirm(`Delete topic ${t.name} and its messages?`)) return;
-        await act(`delete ${t.name}`, () => api("DELETE",
-          `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}`));
-        route();
-      } }, "Delete")));
+      cell(t.namespace), cell(t.name), cell(t.config.queue_count), cell(t.config.message_type),
+      cell(t.queues.reduce((n, q) => n + q.latest - q.earliest, 0)),
+      cell(inSince), cell(inRate), cell(outSince), cell(outRate),
+      cell([...(readers[key] || [])].sort().join(", ")), cell(retention(t.config)),
+      el("td", {},
+        el("button", { class: "peek", onclick: async () => {
+          const m = await act("peek", () => api("GET",
+            `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages?limit=20`));
+          if (m) peeked.replaceChildren(...messages(`Messages of ${t.name}`, m.messages));
+        } }, "Peek"),
+        el("form", { class: "inline publish", onsubmit: async (e) => {
+          e.preventDefault();
+          await act(`publish to ${t.name}`, () => api("POST",
+            `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}/messages`,
+            { body: values(e.target).body }));
+          route();
+        } }, field("body", "test message"), el("button", { type: "submit" }, "Publish")),
+        el("button", { class: "delete", onclick: async () => {
+          if (!confirm(`Delete topic ${t.name} and its messages?`)) return;
+          await act(`delete ${t.name}`, () => api("DELETE",
+            `/admin/topics/${t.namespace}/${encodeURIComponent(t.name)}`));
+          route();
+        } }, "Delete")));
   });
   topicSample = [now, sample];
   return [el("h2", {}, "Topics"), create,
@@ -397,7 +406,7 @@ async function connections() {
   const rows = data.connections.map((c) => el("tr", { "data-id": c.id },
     cell(c.id), cell(c.protocol), cell(c.peer), cell(c.user), cell(c.namespace), cell(c.client_id),
     cell(c.tls === null ? "?" : (c.tls ? "yes" : "no") + (c.certificate ? ` (${c.certificate})` : "")),
-    cell(`${duration(Math.max(0, Math.round((now - c.opened_ms) / 1000)) * 1000)} ago`),
+    cell(ago(now - c.opened_ms)),
     cell(c.messages_in ?? "–"), cell(c.messages_out ?? "–"),
     cell(bytes(c.bytes_in)), cell(bytes(c.bytes_out)),
     cell(perSecond(c.messages_in, c)), cell(perSecond(c.messages_out, c)),
