@@ -116,6 +116,7 @@ class MqttConnection:
         "_in_aliases",
         "_inbound_unacked",
         "_keep_alive",
+        "_kicked",
         "_out",
         "_problem_info",
         "_quota",
@@ -128,6 +129,7 @@ class MqttConnection:
         "_will",
         "client_id",
         "deadline_tick",
+        "parked",
         "state",
     )
 
@@ -182,54 +184,73 @@ class MqttConnection:
         self._expired = False
         self.deadline_tick = 0
         self._task: asyncio.Task[None] | None = None  # run()'s, for the keep-alive
+        # Parked: idle with no task at all, until the transport has bytes (or the
+        # peer left) and starts run() again (a transport that can, TcpTransport).
+        self.parked = False
+        self._kicked = False  # to end at once when run() next comes to wait
 
     # -- lifecycle -----------------------------------------------------------------
 
     async def run(self) -> None:
+        """Serve the connection: CONNECT, then packets until it ends. Over a transport
+        that can park (TCP), it returns while the connection waits for bytes, with
+        :attr:`parked` set and the connection alive: the transport's wake (the
+        listener) calls it again when bytes come, and it goes on reading."""
         self._task = asyncio.current_task()
+        self.parked = False
         try:
-            # (inline, not a coroutine of its own: one frame less per connection)
-            connect = await self._first_packet()
-            if connect is not None and await self._accept(connect):
+            if self.state is ConnectionState.CONNECTED:  # again, after a park
+                packets: list[codec.Packet] = []
+            else:
+                # (inline, not a coroutine of its own: one frame less per connection)
+                connect = await self._first_packet()
+                if connect is None or not await self._accept(connect):
+                    return
                 del connect  # not kept for the connection's life
-                # The read loop, inline (a coroutine frame less per idle connection):
-                # read, then handle everything the read brought before reading again,
-                # so what arrives while a batch is being stored waits in the socket
-                # and makes the next batch (one append for many PUBLISHes, one ack
-                # call for many PUBACKs). While it waits, the connection is filed in
-                # the services' deadlines for its keep-alive (1.5 times the client's,
-                # v5 3.1.2.10): no timer of its own, as most connections mostly wait.
-                keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
-                loop = asyncio.get_running_loop()
-                decoder, transport = self._decoder, self._transport
-                decoder.max_packet_bytes = self._max_packet_bytes()
-                transport.limit_packets(decoder.max_packet_bytes)
-                packets = decoder.feed(b"")  # what was pipelined behind CONNECT
+                self._decoder.max_packet_bytes = self._max_packet_bytes()
+                self._transport.limit_packets(self._decoder.max_packet_bytes)
+                packets = self._decoder.feed(b"")  # what was pipelined behind CONNECT
+                if self._keep_alive:
+                    loop_time = asyncio.get_running_loop().time()
+                    self._services.deadlines.add(self, loop_time + self._keep_alive * 1.5)
+            # The read loop: read, then handle everything the read brought before
+            # reading again, so what arrives while a batch is being stored waits in
+            # the socket and makes the next batch (one append for many PUBLISHes,
+            # one ack call for many PUBACKs). While it waits, the connection is filed
+            # in the services' deadlines for its keep-alive (1.5 times the client's,
+            # v5 3.1.2.10): no timer of its own, as most connections mostly wait.
+            keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
+            loop = asyncio.get_running_loop()
+            decoder, transport = self._decoder, self._transport
+            while True:
+                self._admit_all(packets)
+                await self._handle(packets)
+                if self._quota is not None and charge_packets(self._quota, packets):
+                    await self._quota.hold("mqtt", "produce", "requests")  # slow reads
+                if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
+                    self._out.flush()
+                    await transport.drain()
                 if keep_alive_s is not None:
-                    self._services.deadlines.add(self, loop.time() + keep_alive_s)
-                while True:
-                    self._admit_all(packets)
-                    await self._handle(packets)
-                    if self._quota is not None and charge_packets(self._quota, packets):
-                        await self._quota.hold("mqtt", "produce", "requests")  # slow reads
-                    if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
-                        self._out.flush()
-                        await transport.drain()
-                    if keep_alive_s is not None:
-                        self._alive_until = loop.time() + keep_alive_s
-                    del packets  # nothing of the last batch is held while waiting
-                    if decoder.pending_bytes:
-                        read = await self._read()
-                    else:  # between packets (the usual case): inline, a frame less while idle
-                        data = await transport.read()
-                        read = decoder.feed(data) if data else None
-                        del data
-                        if read is not None and not read and decoder.pending_bytes:
-                            read = await self._read()  # a packet begun: its own deadline
-                    if read is None:
+                    self._alive_until = loop.time() + keep_alive_s
+                del packets  # nothing of the last batch is held while waiting
+                if decoder.pending_bytes:
+                    read = await self._read()
+                else:  # between packets (the usual case)
+                    if self._kicked or self._expired:
+                        raise asyncio.CancelledError  # woken to end: run()'s own cancel
+                    if transport.park():
+                        self.parked = True  # no task, no frame while idle
+                        self._task = None
                         return
-                    self._alive_until = -1.0
-                    packets = read
+                    data = await transport.read()
+                    read = decoder.feed(data) if data else None
+                    del data
+                    if read is not None and not read and decoder.pending_bytes:
+                        read = await self._read()  # a packet begun: its own deadline
+                if read is None:
+                    return
+                self._alive_until = -1.0
+                packets = read
         except _Close as e:
             log.info("mqtt %s: closing: %s", self.client_id or "-", e)
             self._goodbye(e.reason, str(e))
@@ -248,8 +269,9 @@ class MqttConnection:
                 self._goodbye(_SERVER_SHUTTING_DOWN, "server shutting down")
                 raise
         finally:
-            self._services.deadlines.discard(self)
-            await self._finish()
+            if not self.parked:
+                self._services.deadlines.discard(self)
+                await self._finish()
 
     async def _first_packet(self) -> codec.Connect | None:
         """CONNECT, which must arrive within ``limits.handshake_timeout_ms`` (the TCP
@@ -325,12 +347,21 @@ class MqttConnection:
             return until
         if until < 0:  # handling what came: look again a keep-alive later
             return now + self._keep_alive * 1.5
-        task = self._task
-        if task is None or task.done():
-            return None
         self._expired = True
-        task.cancel()
+        if self.parked:
+            self.kick()  # run() again, which ends it (keep-alive) as it comes to wait
+            return None
+        task = self._task
+        if task is not None and not task.done():
+            task.cancel()
         return None
+
+    def kick(self) -> None:
+        """End a parked connection: its transport's wake starts run() again, which
+        ends it as though its task had been cancelled (:meth:`run`); a task running
+        is cancelled by whoever kicks it."""
+        self._kicked = True
+        self._transport.unpark()
 
     def _max_packet_bytes(self) -> int:
         """The largest packet a connected client may send (and is told in CONNACK)."""

@@ -74,10 +74,8 @@ class MqttTcpListener(ListenerBase):
         self._stopping = True
         server.close()
         served = list(self._served)
-        tasks = [s.task for s in served if s.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        # Each ended as an admin's kick ends it: a parked one started again to end.
+        await asyncio.gather(*(s.kick() for s in served), return_exceptions=True)
         await asyncio.gather(*(_close(s) for s in served))  # their goodbyes flushed
         await server.wait_closed()
         self._address = None
@@ -112,24 +110,43 @@ class MqttTcpListener(ListenerBase):
             return
         tls = self._context.tls
         name = tls.principal_name(transport.get_extra_info("ssl_object")) if tls else None
-        connection = MqttConnection(self._services, served, conn_id, certificate_name=name)
-        # The connection's coroutine is the task's, with no coroutine around it to
-        # unregister and close (a frame per idle connection): its end is a callback.
-        context = contextvars.copy_context()
-        context.run(serve_connection, conn_id)  # the task's log lines name it
-        task = asyncio.get_running_loop().create_task(connection.run(), context=context)
-        task.add_done_callback(served.ended)
-        served.task, served.conn_id = task, conn_id
+        served.conn_id = conn_id
+        served.connection = MqttConnection(self._services, served, conn_id, certificate_name=name)
         self._served.add(served)
+        self.resume(served)
         # Not a timer per connection: one entry in the services' deadlines, asked
         # once (:meth:`_Served.due`), and then forgotten.
         timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
         self._services.deadlines.add(served, accepted_at + timeout_s)
 
+    def resume(self, served: _Served) -> None:
+        """Start (or start again, after a park) the connection's ``run()`` as a task.
+        Its coroutine is the task's, with no coroutine around it to unregister and
+        close (a frame per connection): its end is a callback, :meth:`ended`."""
+        connection = served.connection
+        assert connection is not None
+        context = contextvars.copy_context()
+        context.run(serve_connection, served.conn_id)  # the task's log lines name it
+        task = asyncio.get_running_loop().create_task(connection.run(), context=context)
+        task.add_done_callback(served.ended)
+        served.task = task
+
     def ended(self, served: _Served, task: asyncio.Task[None]) -> None:
-        """The connection's task ended: unregister it, say why if it failed, close
+        """The connection's task ended: parked (idle, the connection lives on with
+        no task), or the connection's end: unregister it, say why if it failed, close
         its socket after what it wrote, and cut a peer that does not read that
         within the grace."""
+        if served.task is not task:
+            return  # bytes came meanwhile: a newer run() serves it
+        connection = served.connection
+        if connection is not None and connection.parked:
+            if not task.cancelled():
+                served.task = None  # idle: nothing but the connection's state held
+                return
+            # Cancelled before it ran (so it could not end the connection): run it
+            # again, to end.
+            connection.kick()
+            return
         self._context.connections.unregister(served.conn_id)
         self._services.deadlines.discard(served)
         if not task.cancelled():  # cancelled: stop() or a kick; it just closes
@@ -172,13 +189,23 @@ class MqttTcpListener(ListenerBase):
 class _Served(TcpTransport):
     """A connection's transport that, once made, asks the listener to serve it."""
 
-    __slots__ = ("_accepted_at", "_listener", "conn_id", "deadline_tick", "task")
+    __slots__ = (
+        "_accepted_at",
+        "_listener",
+        "_sleeping",
+        "conn_id",
+        "connection",
+        "deadline_tick",
+        "task",
+    )
 
     def __init__(self, listener: MqttTcpListener, accepted_at: float) -> None:
         super().__init__()
         self._listener = listener
         self._accepted_at = accepted_at
-        self.task: asyncio.Task[None] | None = None
+        self.task: asyncio.Task[None] | None = None  # run()'s, None while parked
+        self.connection: MqttConnection | None = None
+        self._sleeping = False  # parked: bytes (or the peer's end) start run() again
         self.conn_id = 0
         self.deadline_tick = 0  # (protocols/mqtt/deadlines.py)
 
@@ -186,9 +213,30 @@ class _Served(TcpTransport):
         super().connection_made(transport)
         self._listener.serve(self, self._accepted_at)
 
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self.unpark()
+
+    def eof_received(self) -> bool:
+        keep = super().eof_received()
+        self.unpark()
+        return keep
+
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)
+        self.unpark()
         self._listener.lost(self)
+
+    def park(self) -> bool:
+        if self._buffer or self._eof or self._transport is None:
+            return False
+        self._sleeping = True
+        return True
+
+    def unpark(self) -> None:
+        if self._sleeping:
+            self._sleeping = False
+            self._listener.resume(self)
 
     def ended(self, task: asyncio.Task[None]) -> None:
         self._listener.ended(self, task)
@@ -198,14 +246,20 @@ class _Served(TcpTransport):
         self._listener.handshake_due(self, self.conn_id)
 
     async def kick(self) -> None:
-        """The registry's close: end the connection's task (an admin's kick, the
-        gateway's shutdown) and wait for it."""
-        task = self.task
-        if task is None:
+        """The registry's close (an admin's kick, the gateway's shutdown): end the
+        connection and wait for it. A running task is cancelled; a parked
+        connection is started again to end (a task cancelled before its first step
+        would not run the connection's end at all)."""
+        connection = self.connection
+        if connection is None:
             self.close()
             return
-        task.cancel()
-        if task is not asyncio.current_task():
+        if connection.parked:
+            connection.kick()
+        elif self.task is not None:
+            self.task.cancel()
+        task = self.task
+        if task is not None and task is not asyncio.current_task():
             await asyncio.wait([task])
 
 

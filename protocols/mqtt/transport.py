@@ -41,6 +41,16 @@ class Transport(Protocol):
         """Bytes written but not yet handed to the kernel."""
         ...
 
+    def park(self) -> bool:
+        """Whether the connection may stop waiting for bytes with a task: nothing is
+        buffered, and the transport will start it again when bytes come (the peer
+        leaves, or :meth:`unpark` is called). False: read on."""
+        ...
+
+    def unpark(self) -> None:
+        """Start a parked connection again now (to end it)."""
+        ...
+
     async def drain(self) -> None: ...
 
     def close(self) -> None: ...
@@ -143,6 +153,12 @@ class TcpTransport(asyncio.Protocol):
     def limit_packets(self, max_bytes: int) -> None:
         pass  # the decoder holds what a stream brings, and checks it
 
+    def park(self) -> bool:
+        return False  # nobody to start the connection again (tcp_listener's can)
+
+    def unpark(self) -> None:
+        pass
+
     def backlog(self) -> int:
         transport = self._transport
         return 0 if transport is None else transport.get_write_buffer_size()
@@ -237,6 +253,12 @@ class WebSocketTransport:
 
     def backlog(self) -> int:
         return self._queued
+
+    def park(self) -> bool:
+        return False  # websockets reads in a task of its own anyway
+
+    def unpark(self) -> None:
+        pass
 
     async def drain(self) -> None:
         await self._idle.wait()

@@ -24,10 +24,11 @@ ONE_FORM = True
 
 CONNECTIONS = 300
 # Bytes of Python heap per idle connection (v3.1.1, clean session, keep-alive 600 s)
-# on asyncio's loop: measured 5,030 (docs/mqtt.md, "Memory per connection"), of which
-# the socket and its selector transport are about 1,600; 10,800 before. Sets instead
-# of dicts in every Session again add 330, an asyncio.timeout for the keep-alive 620.
-BUDGET_BYTES = 5_200
+# on asyncio's loop: measured 3,700 (docs/mqtt.md, "Memory per connection"), of which
+# the socket and its selector transport are about 1,600; 10,800 before. A task kept
+# per idle connection (no park) adds 1,360, sets instead of dicts in every
+# Session 350, an asyncio.timeout for the keep-alive 620.
+BUDGET_BYTES = 3_900
 KEEP_ALIVE_S = 600
 
 
