@@ -21,9 +21,12 @@ _ERROR_CODES = {"invalid_receipt": Code.INVALID_RECEIPT_HANDLE}
 async def _ack_slice(
     rt: RocketMQServices, caller: Caller, group: str, held: list[str]
 ) -> list[Any]:
-    """Acks one slice with one durable write; the errors (``None``: acked), in order."""
+    """Acks one slice with one write, fsynced before the answer with ``rocketmq.flush =
+    "sync"`` only (with ASYNC_FLUSH a power loss may bring an acked message back: at
+    least once still holds); the errors (``None``: acked), in order."""
+    durable = rt.sync_flush
     receipts = [rt.renewer.current(caller, group, r) for r in held]
-    errors = await rt.processor.ack_many(caller, group, receipts)
+    errors = await rt.processor.ack_many(caller, group, receipts, durable=durable)
     # A renewal may have replaced a receipt while the ack was on its way: ack the new one.
     retry = [
         i
@@ -32,7 +35,8 @@ async def _ack_slice(
     ]
     if retry:
         again = [rt.renewer.current(caller, group, held[i]) for i in retry]
-        for i, error in zip(retry, await rt.processor.ack_many(caller, group, again), strict=True):
+        acked = await rt.processor.ack_many(caller, group, again, durable=durable)
+        for i, error in zip(retry, acked, strict=True):
             errors[i] = error
     for receipt in held:
         rt.renewer.release(caller, group, receipt)
@@ -40,7 +44,7 @@ async def _ack_slice(
 
 
 async def ack_message(rt: RocketMQServices, request: Any, context: Any) -> Any:
-    """Acks the entries a slice at a time (one durable write each, the loop handed back
+    """Acks the entries a slice at a time (one write each, the loop handed back
     between them); each entry gets its own status and the response MULTIPLE_RESULTS
     when they differ (Apache's rule)."""
     caller = rt.caller(context, request.group.resource_namespace)

@@ -100,7 +100,10 @@ async def _pop(
 ) -> list[StoredMessage]:
     """One long poll in storage, which wakes on a new message, a redelivery coming due,
     and whatever releases a message (a FIFO ack, a nack): a message is handed out as
-    soon as it may be. It loops only when every message popped failed a SQL92 filter."""
+    soon as it may be. It loops only when every message popped failed a SQL92 filter.
+    The hand-out is fsynced before the answer with ``rocketmq.flush = "sync"`` only:
+    with ASYNC_FLUSH a power loss may hand a message out again before its invisible
+    time ends (at least once still holds)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_ms / 1000
     while True:
@@ -113,13 +116,14 @@ async def _pop(
             invisible_ms=invisible_ms,
             wait_ms=remaining,
             tags=selector.tags,
+            durable=rt.sync_flush,
         )
         kept = (
             popped if selector.sql is None else [m for m in popped if selector.matches(m.message)]
         )
         dropped = [m.receipt for m in popped if m.receipt is not None and m not in kept]
         if dropped:
-            await rt.processor.ack_many(caller, group, dropped)
+            await rt.processor.ack_many(caller, group, dropped, durable=rt.sync_flush)
         if kept or loop.time() >= deadline:
             return kept
 
