@@ -23,6 +23,7 @@ from polymq.gateway.quotas import Quotas
 from polymq.storage.clock import Clock
 
 __all__ = [
+    "OUT_NOT_PER_CONNECTION",
     "AccountConnectionLimit",
     "CloseCallback",
     "Connection",
@@ -91,6 +92,14 @@ class Connection:
     # certificate's subject common name, if it sent one.
     tls: bool | None = None
     certificate: str | None = None
+
+
+# Protocols whose deliveries metering counts in another connection's task: MQTT
+# fans a publish out to its subscribers in the publisher's task, so the publisher's
+# connection would be credited with their messages. Their "out" is not counted per
+# connection (the admin API lists it as null) until the protocol counts it for the
+# subscriber's connection itself.
+OUT_NOT_PER_CONNECTION = frozenset({"mqtt"})
 
 
 class Traffic:
@@ -162,8 +171,9 @@ class ConnectionRegistry:
             return
         traffic.messages_in += messages_in
         traffic.bytes_in += bytes_in
-        traffic.messages_out += messages_out
-        traffic.bytes_out += bytes_out
+        if protocol not in OUT_NOT_PER_CONNECTION:
+            traffic.messages_out += messages_out
+            traffic.bytes_out += bytes_out
 
     def traffic(self, connection_id: int) -> Traffic | None:
         """What :meth:`count_traffic` counted for a connection so far; None before its

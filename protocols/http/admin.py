@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import APIRouter, HTTPException, Request
 
 from polymq.gateway.accounts import ANONYMOUS, AccessDenied, AuthError, Principal
+from polymq.gateway.connections import OUT_NOT_PER_CONNECTION
 from polymq.gateway.listeners import ListenerContext
 from polymq.gateway.processor import Caller
 from polymq.protocols.http.admin_amqp import amqp_queues
@@ -209,13 +210,15 @@ def admin_router(context: ListenerContext) -> APIRouter:
 
     def traffic(connection_id: int) -> dict[str, int | None]:
         """What metering counted for a connection (None where its protocol's work runs
-        outside the connection's task: ``ConnectionRegistry.count_traffic``)."""
+        outside the connection's task, and MQTT's out: ``ConnectionRegistry.count_traffic``,
+        ``OUT_NOT_PER_CONNECTION``)."""
         t = context.connections.traffic(connection_id)
+        out = t is not None and t.protocol not in OUT_NOT_PER_CONNECTION
         return {
             "messages_in": t.messages_in if t else None,
-            "messages_out": t.messages_out if t else None,
+            "messages_out": t.messages_out if t and out else None,
             "bytes_in": t.bytes_in if t else None,
-            "bytes_out": t.bytes_out if t else None,
+            "bytes_out": t.bytes_out if t and out else None,
         }
 
     @router.get("/connections", summary="Open connections, per protocol")
