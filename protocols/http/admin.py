@@ -13,6 +13,7 @@ from dataclasses import asdict
 from typing import Any
 
 from fastapi import APIRouter, HTTPException, Request
+from pydantic import BaseModel
 
 from polymq.gateway.accounts import ANONYMOUS, AccessDenied, AuthError, Principal
 from polymq.gateway.connections import OUT_NOT_PER_CONNECTION
@@ -22,6 +23,7 @@ from polymq.protocols.http.admin_amqp import amqp_queues
 from polymq.protocols.http.admin_manage import manage_router
 from polymq.protocols.http.admin_members import members_of
 from polymq.protocols.http.admin_permissions import permissions_router
+from polymq.protocols.http.admin_scope import AdminScope, body_schema
 from polymq.protocols.mns.queues import QUEUE_KIND, QueueCounts, group_of, queue_counts
 from polymq.storage.errors import (
     InvalidName,
@@ -59,9 +61,16 @@ async def _principal(context: ListenerContext, request: Request) -> Principal:
         raise HTTPException(401, "bad user name or password", headers=challenge) from None
 
 
+class NewNamespace(BaseModel):
+    """A namespace to create."""
+
+    name: str
+
+
 def admin_router(context: ListenerContext) -> APIRouter:
     router = APIRouter(prefix="/admin", tags=["admin"])
     processor = context.processor
+    scope = AdminScope(context, _principal)
 
     async def callers(request: Request, namespace: str | None) -> list[Caller]:
         principal = await _principal(context, request)
@@ -91,20 +100,17 @@ def admin_router(context: ListenerContext) -> APIRouter:
             )
         return {"namespaces": result}
 
-    @router.post("/namespaces", status_code=201, summary="Create a namespace (admins only)")
+    @router.post(
+        "/namespaces",
+        status_code=201,
+        summary="Create a namespace (admins only)",
+        openapi_extra=body_schema(NewNamespace),
+    )
     async def create_namespace(request: Request) -> dict[str, Any]:
-        """Body ``{"name": ...}``. In accounts mode only an admin account that may use
-        that namespace creates it (``Processor.create_namespace`` checks both)."""
-        principal = await _principal(context, request)
-        if not principal.admin:
-            raise HTTPException(403, "only admin accounts may do this")
-        try:
-            body = await request.json()
-            name = body["name"]
-        except (ValueError, KeyError, TypeError):
-            raise HTTPException(422, 'the body is {"name": "<namespace>"}') from None
-        if not isinstance(name, str):
-            raise HTTPException(422, "the namespace's name is a string")
+        """In accounts mode only an admin account creates one (``Processor.
+        create_namespace`` checks it too); the body is read after that check."""
+        principal = await scope.admin(request)
+        name = (await scope.body(request, NewNamespace)).name
         caller = Caller(principal=principal, namespace=name, protocol=_PROTOCOL)
         try:
             await processor.create_namespace(caller, name)

@@ -244,6 +244,26 @@ def test_only_admins_act_and_secrets_stay_out(server: LiveServer) -> None:
     assert any("kafka" in g["endpoints"] for g in gateways["gateways"])
 
 
+def test_namespaces_create_admins_only(server: LiveServer) -> None:
+    """``POST /admin/namespaces`` (the console's namespaces page): admins only, the
+    body read after the check; 409 for one that exists, 400 for a bad name; the new
+    one listed with no topics or queues, and a Kafka client's topic counted in it."""
+    path = url(server) + "/admin/namespaces"
+    assert httpx.post(path, content=b"{", auth=("guest", PASSWORD)).status_code == 403
+    assert httpx.post(path, json={"name": "made"}, auth=("guest", PASSWORD)).status_code == 403
+    created = httpx.post(path, json={"name": "made"}, auth=("ops", PASSWORD))
+    assert created.status_code == 201, created.text
+    assert httpx.post(path, json={"name": "made"}, auth=("ops", PASSWORD)).status_code == 409
+    assert httpx.post(path, json={"name": ""}, auth=("ops", PASSWORD)).status_code == 400
+    listed = httpx.get(path, auth=("ops", PASSWORD)).json()["namespaces"]
+    assert {"name": "made", "topics": 0, "queues": 0} in listed
+    assert "made" not in [
+        n["name"] for n in httpx.get(path, auth=("guest", PASSWORD)).json()["namespaces"]
+    ]
+    schema = httpx.get(url(server) + "/openapi.json").json()["paths"]["/admin/namespaces"]
+    assert "name" in json.dumps(schema["post"]["requestBody"])
+
+
 def test_nodes_and_shards(server: LiveServer, server_form: str) -> None:
     nodes = admin(server, "nodes")
     if server_form == "merged":
