@@ -247,7 +247,7 @@ def test_only_admins_act_and_secrets_stay_out(server: LiveServer) -> None:
 def test_namespaces_create_admins_only(server: LiveServer) -> None:
     """``POST /admin/namespaces`` (the console's namespaces page): admins only, the
     body read after the check; 409 for one that exists, 400 for a bad name; the new
-    one listed with no topics or queues, and a Kafka client's topic counted in it."""
+    one listed for the admin with no topics or queues, and not for the guest."""
     path = url(server) + "/admin/namespaces"
     assert httpx.post(path, content=b"{", auth=("guest", PASSWORD)).status_code == 403
     assert httpx.post(path, json={"name": "made"}, auth=("guest", PASSWORD)).status_code == 403
