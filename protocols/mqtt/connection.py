@@ -238,11 +238,16 @@ class MqttConnection:
                 else:  # between packets (the usual case)
                     if self._kicked or self._expired:
                         raise asyncio.CancelledError  # woken to end: run()'s own cancel
-                    if transport.park():
-                        self.parked = True  # no task, no frame while idle
-                        self._task = None
-                        return
                     data = await transport.read()
+                    # b"" is the peer's end, or the transport asking an idle
+                    # connection to park: then no task and no frame while it waits
+                    # (unless bytes came meanwhile: read them).
+                    while not data and transport.asked_to_park():
+                        if transport.park():
+                            self.parked = True
+                            self._task = None
+                            return
+                        data = await transport.read()
                     read = decoder.feed(data) if data else None
                     del data
                     if read is not None and not read and decoder.pending_bytes:

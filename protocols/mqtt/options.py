@@ -20,3 +20,7 @@ class MqttOptions:
     max_keep_alive_s: int = 65535
     # Mosquitto's sys_interval: how often ``$SYS`` subscribers get fresh values.
     sys_interval_s: float = 10.0
+    # A TCP connection that received nothing for this long (and at most as long
+    # again) parks: its task ends until bytes come (protocols/mqtt/tcp_listener.py).
+    # Not at once: a busy connection would pay a task per batch.
+    park_after_s: float = 5.0

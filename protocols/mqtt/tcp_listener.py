@@ -45,6 +45,12 @@ class MqttTcpListener(ListenerBase):
     def open_connections(self) -> int:
         return len(self._served)
 
+    @property
+    def parked_connections(self) -> int:
+        """Connections idle with no task (for tests and the curious: it counts)."""
+        served = list(self._served)  # (a copy: read from another thread in tests)
+        return sum(1 for s in served if s.connection is not None and s.connection.parked)
+
     async def start(self) -> None:
         if self._server is not None:
             raise RuntimeError(f"listener {self._name} is already started")
@@ -115,9 +121,10 @@ class MqttTcpListener(ListenerBase):
         self._served.add(served)
         self.resume(served)
         # Not a timer per connection: one entry in the services' deadlines, asked
-        # once (:meth:`_Served.due`), and then forgotten.
+        # for the handshake deadline, then whether the connection idles (to park).
         timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
-        self._services.deadlines.add(served, accepted_at + timeout_s)
+        first = min(timeout_s, self._services.options.park_after_s)
+        self._services.deadlines.add(served, accepted_at + first)
 
     def resume(self, served: _Served) -> None:
         """Start (or start again, after a park) the connection's ``run()`` as a task.
@@ -125,6 +132,9 @@ class MqttTcpListener(ListenerBase):
         close (a frame per connection): its end is a callback, :meth:`ended`."""
         connection = served.connection
         assert connection is not None
+        if connection.parked:  # asked again whether it idles, a while from now
+            loop_time = asyncio.get_running_loop().time()
+            self._services.deadlines.add(served, loop_time + self._services.options.park_after_s)
         context = contextvars.copy_context()
         context.run(serve_connection, served.conn_id)  # the task's log lines name it
         task = asyncio.get_running_loop().create_task(connection.run(), context=context)
@@ -175,15 +185,27 @@ class MqttTcpListener(ListenerBase):
         if task is None or task.done():
             self._served.discard(served)
 
-    def handshake_due(self, served: _Served, conn_id: int) -> None:
-        """``served`` was not closed within the handshake timeout of its TCP accept:
-        close it unless its CONNECT (and login) was accepted by then."""
+    def due(self, served: _Served, now: float) -> float | None:
+        """The deadlines' question for ``served`` (protocols/mqtt/deadlines.py):
+        before CONNECT is accepted, the handshake deadline from the TCP accept; then,
+        every ``park_after_s``, whether it received nothing since the last look
+        while its connection waits for bytes: then it parks (and is not asked again
+        until it wakes). When to ask again, or None."""
         task = served.task
-        if not self._context.connections.is_established(conn_id) and task and not task.done():
+        if task is None or task.done():
+            return None  # ended, or parked
+        if not self._context.connections.is_established(served.conn_id):
             timeout_s = self._context.config.limits.handshake_timeout_ms / 1000
+            deadline = served._accepted_at + timeout_s
+            if now < deadline:
+                return deadline
             peer = _format_peer(served.get_extra_info("peername"))
             log.info("%s: closing %s: no handshake within %.1f s", self._name, peer, timeout_s)
             task.cancel()
+            return None
+        if served.idle_since_asked():
+            return None  # asked to park
+        return now + self._services.options.park_after_s
 
 
 class _Served(TcpTransport):
@@ -191,6 +213,7 @@ class _Served(TcpTransport):
 
     __slots__ = (
         "_accepted_at",
+        "_active",
         "_listener",
         "_sleeping",
         "conn_id",
@@ -206,6 +229,7 @@ class _Served(TcpTransport):
         self.task: asyncio.Task[None] | None = None  # run()'s, None while parked
         self.connection: MqttConnection | None = None
         self._sleeping = False  # parked: bytes (or the peer's end) start run() again
+        self._active = True  # bytes came since the deadlines last asked
         self.conn_id = 0
         self.deadline_tick = 0  # (protocols/mqtt/deadlines.py)
 
@@ -214,6 +238,7 @@ class _Served(TcpTransport):
         self._listener.serve(self, self._accepted_at)
 
     def data_received(self, data: bytes) -> None:
+        self._active = True
         super().data_received(data)
         self.unpark()
 
@@ -227,23 +252,39 @@ class _Served(TcpTransport):
         self.unpark()
         self._listener.lost(self)
 
+    def idle_since_asked(self) -> bool:
+        """Ask the connection to park if nothing came since the last call and it
+        waits for bytes (its read answered ``b""``, :meth:`park` then True)."""
+        waiter = self._waiter
+        if self._active or waiter is None or waiter.done() or self._buffer or self._eof:
+            self._active = False
+            return False
+        self._waiter = None
+        self._sleeping = True
+        waiter.set_result(b"")
+        return True
+
+    def asked_to_park(self) -> bool:
+        return self._sleeping
+
     def park(self) -> bool:
         if self._buffer or self._eof or self._transport is None:
+            self._sleeping = False  # bytes (or the peer's end) came meanwhile: read on
             return False
-        self._sleeping = True
         return True
 
     def unpark(self) -> None:
         if self._sleeping:
-            self._sleeping = False
-            self._listener.resume(self)
+            connection = self.connection
+            if connection is not None and connection.parked:
+                self._sleeping = False
+                self._listener.resume(self)
 
     def ended(self, task: asyncio.Task[None]) -> None:
         self._listener.ended(self, task)
 
-    def due(self, now: float) -> None:
-        """The handshake deadline (protocols/mqtt/deadlines.py)."""
-        self._listener.handshake_due(self, self.conn_id)
+    def due(self, now: float) -> float | None:
+        return self._listener.due(self, now)
 
     async def kick(self) -> None:
         """The registry's close (an admin's kick, the gateway's shutdown): end the

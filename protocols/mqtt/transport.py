@@ -41,10 +41,15 @@ class Transport(Protocol):
         """Bytes written but not yet handed to the kernel."""
         ...
 
+    def asked_to_park(self) -> bool:
+        """After a read returned ``b""``: whether that was the transport asking the
+        connection to park, not the peer's end."""
+        ...
+
     def park(self) -> bool:
-        """Whether the connection may stop waiting for bytes with a task: nothing is
-        buffered, and the transport will start it again when bytes come (the peer
-        leaves, or :meth:`unpark` is called). False: read on."""
+        """Park: the connection stops waiting with a task, and the transport starts
+        it again when bytes come, the peer leaves, or :meth:`unpark` is called.
+        False when bytes (or the peer's end) came meanwhile: read on."""
         ...
 
     def unpark(self) -> None:
@@ -153,6 +158,9 @@ class TcpTransport(asyncio.Protocol):
     def limit_packets(self, max_bytes: int) -> None:
         pass  # the decoder holds what a stream brings, and checks it
 
+    def asked_to_park(self) -> bool:
+        return False
+
     def park(self) -> bool:
         return False  # nobody to start the connection again (tcp_listener's can)
 
@@ -253,6 +261,9 @@ class WebSocketTransport:
 
     def backlog(self) -> int:
         return self._queued
+
+    def asked_to_park(self) -> bool:
+        return False
 
     def park(self) -> bool:
         return False  # websockets reads in a task of its own anyway

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from polymq.protocols.mqtt.options import MqttOptions
+from polymq.protocols.mqtt.tcp_listener import MqttTcpListener
 from tests.mqtt.helpers import mqtt_server, wait_until
 
 # The merged form only: what is measured is the gateway's connection, the same in
@@ -30,6 +32,8 @@ CONNECTIONS = 300
 # Session 350, an asyncio.timeout for the keep-alive 620.
 BUDGET_BYTES = 3_900
 KEEP_ALIVE_S = 600
+# Idle connections park (no task) after this long without a byte: 5 s by default.
+PARK_AFTER_S = 0.2
 
 
 def _connect_packet(client_id: str) -> bytes:
@@ -70,9 +74,11 @@ def _server_heap(this_file: str) -> int:
 
 
 def test_idle_connection_heap_stays_under_budget(tmp_path: Path) -> None:
-    with mqtt_server(tmp_path) as server:
+    with mqtt_server(tmp_path, options=MqttOptions(park_after_s=PARK_AFTER_S)) as server:
         port = server.port("mqtt")
         registry = server.gateway.connections
+        listener = server.gateway.listeners.get("mqtt")
+        assert isinstance(listener, MqttTcpListener)
         # Warm up: code paths, caches and the namespace's broker, once for all.
         with _idle_clients(port, 20):
             pass
@@ -82,6 +88,8 @@ def test_idle_connection_heap_stays_under_budget(tmp_path: Path) -> None:
             before = _server_heap(__file__)
             with _idle_clients(port, CONNECTIONS):
                 wait_until(lambda: len(registry) == CONNECTIONS, what="every connection")
+                # As a server holds them once idle a while: parked.
+                wait_until(lambda: listener.parked_connections == CONNECTIONS, what="all parked")
                 after = _server_heap(__file__)
         finally:
             tracemalloc.stop()
