@@ -122,6 +122,17 @@ def shoot(browser: WebDriver, form: str, page: str) -> None:
     assert browser.save_screenshot(str(folder / f"{page}.png"))
 
 
+def drawn(browser: WebDriver) -> Any:
+    """When the page was last drawn (the console's ``main.dataset.loaded``)."""
+    return browser.execute_script("return document.getElementById('main').dataset.loaded")
+
+
+def redrawn(browser: WebDriver, before: Any) -> None:
+    """Wait until an action's redraw replaced the page drawn at ``before``: its rows
+    found earlier are stale after it."""
+    until(browser, lambda d: drawn(d) != before)
+
+
 def status_says(browser: WebDriver, text: str) -> None:
     until(
         browser,
@@ -276,8 +287,10 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     until(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "tr[data-name='from-browser']"))
     publish = row(browser, "topics-table", "from-browser").find_element(By.CSS_SELECTOR, ".publish")
     publish.find_element(By.NAME, "body").send_keys("hello from the browser")
+    before = drawn(browser)
     publish.find_element(By.TAG_NAME, "button").click()
     status_says(browser, "publish to from-browser: done")
+    redrawn(browser, before)
     reader = KafkaConsumer(
         "from-browser", auto_offset_reset="earliest", consumer_timeout_ms=5000, **kafka(server)
     )
@@ -309,8 +322,10 @@ def test_every_page_and_action(server: LiveServer, browser: WebDriver, server_fo
     body = base64.b64encode(b"job 0").decode()  # the SDK's bodies are base64 text
     until(browser, lambda d: body in d.find_element(By.ID, "messages-table").text)
     shoot(browser, server_form, "queues")
+    before = drawn(browser)
     row(browser, "queues-table", "jobs").find_element(By.CSS_SELECTOR, ".purge").click()
     status_says(browser, "purged 2 messages from jobs")
+    redrawn(browser, before)
     with pytest.raises(MNSServerException):
         queue.receive_message(0)
     # Delete: the MNS SDK is told the queue does not exist.

@@ -130,9 +130,10 @@ async function overview() {
     card("connections", connections.connections.length),
     card("storage", nodes.form === "merged" ? "embedded" : `${nodes.nodes.length} nodes`),
     // Bytes used on disk are not reported by the engine or the nodes; the nodes'
-    // heartbeats carry the free space of their data directories.
-    nodes.form === "merged" ? null : card("disk free",
-      bytes(nodes.nodes.reduce((n, x) => n + x.disk_free_bytes, 0))));
+    // heartbeats carry the free space of their data directories: the least of them
+    // (nodes may share a disk, so a sum would count it twice).
+    nodes.form === "merged" || !nodes.nodes.length ? null : card("disk free (least, per node)",
+      bytes(Math.min(...nodes.nodes.map((x) => x.disk_free_bytes)))));
   const canvas = el("canvas", { id: "chart", width: 600, height: 140 });
   draw(canvas);
   return [
