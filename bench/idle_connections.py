@@ -22,6 +22,10 @@ defaults to that limit less a reserve for the server's own files. While they are
 connected a paho client connects, subscribes and gets a message back, to show the
 server still serves.
 
+The "after" figures are read once the connections were idle ``IDLE_S`` (12 s): the
+server parks a TCP connection that received nothing for a while (no task), so that
+is what a server holding many idle connections holds.
+
 One JSON line: connections, server RSS and USS before, after connecting (and a GC),
 after closing them, and bytes per connection; with ``--tracemalloc``, the traced
 Python heap per connection and the top allocation sites (file:line) of the growth.
@@ -73,6 +77,10 @@ KEEP_ALIVE_S = 600
 CONNECT_TIMEOUT_S = 30.0
 SETTLE_TIMEOUT_S = 60.0
 WARM_UP_CONNECTIONS = 200
+# How long the connections stay idle before the "after" figures: the server parks a
+# TCP connection that received nothing for 5 s (MqttOptions.park_after_s), asked to
+# within another 5 s, so by then it holds them as it holds any long-idle connection.
+IDLE_S = 12.0
 GC_TIMEOUT_S = 120.0  # a snapshot of a traced heap of 100k connections takes a while
 PAHO_TIMEOUT_S = 30.0
 
@@ -371,6 +379,7 @@ def main() -> None:
                 lambda: server.fds() >= base_fds + n - 2, SETTLE_TIMEOUT_S, "the server's sockets"
             )
             served = _paho_round_trip(port)
+            time.sleep(IDLE_S)  # a measurement parameter: idle this long (see IDLE_S)
             snap_after = server.collect()
             rss_after, uss_after = server.memory()
         finally:

@@ -201,7 +201,11 @@ class MqttConnection:
         try:
             if self.state is ConnectionState.CONNECTED:  # again, after a park
                 packets: list[codec.Packet] = []
+                park_now = False
             else:
+                # Parks at its first wait: after CONNACK a client often idles, and
+                # a reconnecting crowd's tasks are then not all held at once.
+                park_now = True
                 # (inline, not a coroutine of its own: one frame less per connection)
                 connect = await self._first_packet()
                 if connect is None or not await self._accept(connect):
@@ -238,6 +242,11 @@ class MqttConnection:
                 else:  # between packets (the usual case)
                     if self._kicked or self._expired:
                         raise asyncio.CancelledError  # woken to end: run()'s own cancel
+                    if park_now and transport.park():
+                        self.parked = True
+                        self._task = None
+                        return
+                    park_now = False
                     data = await transport.read()
                     # b"" is the peer's end, or the transport asking an idle
                     # connection to park: then no task and no frame while it waits

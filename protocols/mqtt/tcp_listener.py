@@ -133,6 +133,7 @@ class MqttTcpListener(ListenerBase):
         connection = served.connection
         assert connection is not None
         if connection.parked:  # asked again whether it idles, a while from now
+            self._services.deadlines.discard(served)  # (still filed if it parked early)
             loop_time = asyncio.get_running_loop().time()
             self._services.deadlines.add(served, loop_time + self._services.options.park_after_s)
         context = contextvars.copy_context()
@@ -271,6 +272,7 @@ class _Served(TcpTransport):
         if self._buffer or self._eof or self._transport is None:
             self._sleeping = False  # bytes (or the peer's end) came meanwhile: read on
             return False
+        self._sleeping = True
         return True
 
     def unpark(self) -> None:

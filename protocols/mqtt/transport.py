@@ -49,7 +49,8 @@ class Transport(Protocol):
     def park(self) -> bool:
         """Park: the connection stops waiting with a task, and the transport starts
         it again when bytes come, the peer leaves, or :meth:`unpark` is called.
-        False when bytes (or the peer's end) came meanwhile: read on."""
+        False when bytes (or the peer's end) came meanwhile, or the transport
+        cannot: read on."""
         ...
 
     def unpark(self) -> None:

@@ -26,7 +26,7 @@ ONE_FORM = True
 
 CONNECTIONS = 300
 # Bytes of Python heap per idle connection (v3.1.1, clean session, keep-alive 600 s)
-# on asyncio's loop: measured 3,700 (docs/mqtt.md, "Memory per connection"), of which
+# on asyncio's loop: measured 3,660 (docs/mqtt.md, "Memory per connection"), of which
 # the socket and its selector transport are about 1,600; 10,800 before. A task kept
 # per idle connection (no park) adds 1,360, sets instead of dicts in every
 # Session 350, an asyncio.timeout for the keep-alive 620.
