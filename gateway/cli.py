@@ -78,6 +78,23 @@ def build_parser() -> argparse.ArgumentParser:
         "SIGINT or SIGTERM stops it cleanly (exit code 0).",
     )
     _gateway_flags(run, merged=True)
+    run.add_argument(
+        "--workers",
+        type=int,
+        metavar="N",
+        help="N gateway processes sharing the ports over one engine (docs/workers.md) [1]",
+    )
+    worker = _server_command(
+        commands,
+        "worker",
+        help=argparse.SUPPRESS,
+        description="One gateway of 'polymq run --workers N', started by it.",
+    )
+    _nameserver_flag(worker)
+    worker.add_argument("--navigation", metavar="URL", required=True)
+    worker.add_argument("--index", type=int, metavar="I", required=True)
+    worker.add_argument("--kafka-own-port", type=int, metavar="PORT", required=True)
+    worker.add_argument("--kafka-tls-own-port", type=int, metavar="PORT", required=True)
 
     storage = _server_command(
         commands,
@@ -346,6 +363,10 @@ _FLAG_KEYS: Mapping[str, str] = {
     "replicas": "replication.replicas",
     "shards": "replication.shards",
     "prefer": "replication.prefer",
+    "workers": "workers.count",
+    "index": "workers.worker",
+    "kafka_own_port": "workers.kafka_port",
+    "kafka_tls_own_port": "workers.kafka_tls_port",
     **{f"{name}_port": f"listeners.{name}.port" for name in LISTENER_NAMES},
 }
 
@@ -409,6 +430,17 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
     except ConfigError as e:
         print(f"polymq: configuration error: {e}", file=sys.stderr)
         return 2
+    if args.command == "run" and config.workers.count > 1:
+        url = config.storage.url
+        if url and not url.startswith("file:"):
+            print(
+                f"polymq run --workers: storage {url!r} is not the engine (file://)",
+                file=sys.stderr,
+            )
+            return 2
+        from polymq.gateway.workers import run_parent
+
+        return run_parent(config, path)
     return _serve(args.command, config)
 
 
@@ -419,6 +451,10 @@ def _serve(command: str, config: GatewayConfig) -> int:
 
     if command == "run":
         return run(config)
+    if command == "worker":
+        from polymq.gateway.workers import run_worker
+
+        return run_worker(config)
     if command == "gateway":
         if not config.cluster.nameservers:
             print("polymq gateway: give --nameserver (or cluster.nameservers)", file=sys.stderr)

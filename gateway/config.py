@@ -59,6 +59,7 @@ __all__ = [
     "ServerConfig",
     "StorageConfig",
     "TlsConfig",
+    "WorkersConfig",
     "engine_config",
     "load_config",
 ]
@@ -358,6 +359,31 @@ class ClusterConfig:
     storage_wait_ms: int = 30_000
 
 
+# -- several gateway processes on one machine (docs/workers.md) ------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WorkersConfig:
+    """``polymq run --workers N``: N gateway processes sharing the listening ports
+    (``SO_REUSEPORT``) over one engine served by the parent process. ``worker`` and
+    the two ports after it are what the parent tells each worker; a user sets only
+    ``count`` and ``kafka_ports_from``."""
+
+    count: int = 1  # gateway processes; 1: today's single process, no extra hop
+    # Each worker's own Kafka port (Metadata names every worker as a broker there):
+    # worker i gets kafka_ports_from + i - 1 (and the TLS one kafka_ports_from + 100
+    # + i - 1); 0: free ports picked once at start-up, kept across worker restarts.
+    kafka_ports_from: int = 0
+    worker: int = 0  # which worker this process is (1…count); 0: not a worker
+    kafka_port: int = 0  # this worker's own Kafka port (set by the parent)
+    kafka_tls_port: int = 0  # this worker's own Kafka TLS port (set by the parent)
+
+    @property
+    def reuse_port(self) -> bool:
+        """Whether listeners bind their ports shared with the other workers."""
+        return self.worker > 0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class GatewayConfig:
     server: ServerConfig = field(default_factory=ServerConfig)
@@ -377,6 +403,7 @@ class GatewayConfig:
     replication: ReplicationConfig = field(default_factory=ReplicationConfig)
     nameserver: NameserverConfig = field(default_factory=NameserverConfig)
     navigation: NavigationConfig = field(default_factory=NavigationConfig)
+    workers: WorkersConfig = field(default_factory=WorkersConfig)
 
 
 # -- loading -------------------------------------------------------------------------
@@ -602,10 +629,12 @@ def _validate(config: GatewayConfig) -> None:
     positive("cluster.heartbeat_ms", config.cluster.heartbeat_ms)
     positive("nameserver.node_expiry_ms", config.nameserver.node_expiry_ms)
     positive("navigation.gateway_expiry_ms", config.navigation.gateway_expiry_ms)
+    positive("workers.count", config.workers.count)
     for where, port in (
         ("node.port", config.node.port),
         ("nameserver.port", config.nameserver.port),
         ("navigation.port", config.navigation.port),
+        ("workers.kafka_ports_from", config.workers.kafka_ports_from),
     ):
         if not 0 <= port <= 65535:
             raise ConfigError(f"{where!r} must be 0..65535, got {port}")

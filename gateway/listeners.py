@@ -190,8 +190,14 @@ class TcpListener(ListenerBase):
         close_grace_s: float = 2.0,
         handshake_timeout_s: float | None = None,
         tls: ssl.SSLContext | None = None,
+        reuse_port: bool = False,
+        own_port: int | None = None,
     ) -> None:
         super().__init__(name, port)
+        self._reuse_port = reuse_port
+        self._own_port = own_port
+        self._own_server: asyncio.Server | None = None
+        self.shared_address: tuple[str, int] | None = None
         self._tls = tls
         self._handshake_timeout_s = handshake_timeout_s
         self._close_grace_s = close_grace_s
@@ -229,9 +235,26 @@ class TcpListener(ListenerBase):
             # StreamWriter.start_tls after the accept stalls handshakes on uvloop.
             timeout_s = self._handshake_timeout_s or _TLS_HANDSHAKE_TIMEOUT_S
             tls = {"ssl": self._tls, "ssl_handshake_timeout": timeout_s}
+        if self._reuse_port:
+            tls["reuse_port"] = True
         self._server = await loop.create_server(accepted, self._host, self._port, **tls)
         sockname = self._server.sockets[0].getsockname()
-        self._address = (sockname[0], sockname[1])
+        self._address = self.shared_address = (sockname[0], sockname[1])
+        if self._own_port is not None:
+            # A worker's port of its own beside the shared one (polymq run --workers:
+            # Kafka names each worker as a broker there); ``address`` is this one,
+            # the port clients are told to dial.
+            tls.pop("reuse_port", None)
+            try:
+                self._own_server = await loop.create_server(
+                    accepted, self._host, self._own_port, **tls
+                )
+            except BaseException:
+                self._server.close()
+                self._server = None
+                raise
+            own = self._own_server.sockets[0].getsockname()
+            self._address = (own[0], own[1])
 
     async def stop(self) -> None:
         server, self._server = self._server, None
@@ -239,12 +262,17 @@ class TcpListener(ListenerBase):
             return
         self._stopping = True
         server.close()
+        own, self._own_server = self._own_server, None
+        if own is not None:
+            own.close()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         await server.wait_closed()
-        self._address = None
+        if own is not None:
+            await own.wait_closed()
+        self._address = self.shared_address = None
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, accepted_at: float
@@ -323,10 +351,17 @@ class GatewayTcpListener(TcpListener):
     the gateway's connection registry (``protocol`` names the connections there),
     handshake timeout (``limits.handshake_timeout_ms``: what counts as the handshake is
     the protocol's, marked with ``ConnectionRegistry.established`` or ``identify``) and
-    TLS context (a TLS listener's)."""
+    TLS context (a TLS listener's). In a worker of ``polymq run --workers N`` its port
+    is shared with the other workers (``SO_REUSEPORT``: the kernel spreads the
+    connections), and ``own_port`` adds one of this worker's alone."""
 
     def __init__(
-        self, context: ListenerContext, handler: ConnectionHandler, *, protocol: str
+        self,
+        context: ListenerContext,
+        handler: ConnectionHandler,
+        *,
+        protocol: str,
+        own_port: int | None = None,
     ) -> None:
         super().__init__(
             name=context.name,
@@ -337,6 +372,8 @@ class GatewayTcpListener(TcpListener):
             protocol=protocol,
             handshake_timeout_s=context.config.limits.handshake_timeout_ms / 1000,
             tls=context.tls.context if context.tls is not None else None,
+            reuse_port=context.config.workers.reuse_port,
+            own_port=own_port,
         )
 
 

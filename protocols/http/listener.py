@@ -73,6 +73,8 @@ class HttpListener(ListenerBase):
         sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if self._context.config.workers.reuse_port:  # shared by polymq run --workers N
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
             sock.bind((host, self._context.port))
             sock.listen(1024)
             sock.setblocking(False)

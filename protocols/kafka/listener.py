@@ -59,7 +59,7 @@ class KafkaListener(GatewayTcpListener):
 
         # The handshake: in open mode the first whole request; with SASL, a successful
         # authentication (or, over TLS, a certificate naming the account).
-        super().__init__(context, handle, protocol="kafka")
+        super().__init__(context, handle, protocol="kafka", own_port=_own_port(context))
         self._processor = context.processor
 
     async def stop(self) -> None:
@@ -72,6 +72,17 @@ class KafkaListener(GatewayTcpListener):
         if not shared[1]:
             del _SHARED[self._processor]
             await self.services.close()
+
+
+def _own_port(context: ListenerContext) -> int | None:
+    """A worker's own Kafka port (``polymq run --workers N``): clients reach every
+    worker on the shared port, but Metadata and FindCoordinator must send a client to
+    one worker (its group's coordinator, its partitions' leaders), so each also
+    listens on a port of its own, which is what it advertises. ``None`` elsewhere."""
+    workers = context.config.workers
+    if not workers.worker:
+        return None
+    return {"kafka": workers.kafka_port, "kafka_tls": workers.kafka_tls_port}.get(context.name)
 
 
 def kafka_listener(context: ListenerContext) -> Listener:

@@ -66,8 +66,10 @@ class MqttTcpListener(ListenerBase):
             # At the TCP accept, before any TLS handshake: the deadline counts from here.
             return _Served(self, loop.time())
 
+        # A worker of polymq run --workers N shares the port with the others.
+        reuse_port = self._context.config.workers.reuse_port
         self._server = await loop.create_server(
-            accepted, self._context.host, self._context.port, **tls
+            accepted, self._context.host, self._context.port, reuse_port=reuse_port, **tls
         )
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])

@@ -123,7 +123,10 @@ class RocketMQListener(ListenerBase):
         if self._server is not None:
             raise RuntimeError(f"listener {self._name} is already started")
         install_log_filters()
-        self._port = _claim_port(self._name, self._host, self._port)
+        if not (self._context.config.workers.reuse_port and self._port):
+            # A worker of polymq run --workers N shares the port with the others
+            # (grpc binds it with SO_REUSEPORT): it is not ours alone to claim.
+            self._port = _claim_port(self._name, self._host, self._port)
         serving = await self._serve(self._bind())
         self._address = (self._host, self._port)
         self.services.address = self._address
