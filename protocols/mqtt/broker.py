@@ -194,6 +194,10 @@ class MqttBroker:
 
     # -- publishing ----------------------------------------------------------------
 
+    def tail_messages_read(self, topic: str) -> int:
+        """What the tail of a storage topic read so far (tests, admin)."""
+        return self._tails.messages_read(topic)
+
     async def ensure_topic(self, topic: str) -> None:
         """Create a storage topic on first use; ``InvalidName`` if none can be named so."""
         await self.core.ensure_topic(topic)

@@ -23,6 +23,7 @@ from polymq.protocols import interop
 from polymq.protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
 from polymq.protocols.mqtt.mapping import MQTT_RETAIN, mqtt_topic_of, published_qos, storage_topic
 from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SessionOwner, SharedGroup
+from polymq.protocols.mqtt.own_appends import OwnAppends
 from polymq.protocols.mqtt.peers import stamp_of, stamped
 from polymq.protocols.mqtt.repairs import Repairs, owed_targets, without_owed
 from polymq.protocols.mqtt.repairs import owing as owing_copies
@@ -51,6 +52,9 @@ class Router:
         self.core = core
         self.repairs = repairs
         self.messages_in = 0
+        # Where this router's publishes landed in followed storage topics: their tails
+        # skip them instead of reading them back to drop them (own_appends.py).
+        self.own = OwnAppends()
         self._owing_logged = -_OWING_LOG_EVERY_S
 
     async def publish(self, items: list[Outgoing]) -> dict[int, StorageError]:
@@ -118,8 +122,18 @@ class Router:
         ]
         direct = [r for i, r in enumerate(requests) if i not in owing] if owing else requests
         if direct:
+            own = self.own
+            ticket = own.begin()
+            placed: list[tuple[QueueRef, int]] = []
             try:
-                await self._append(direct)
+                results = await self._append(direct)
+                for request, result in zip(direct, results, strict=True):
+                    # The storage topic's queue comes first; a duplicate (a QoS 2
+                    # resend) may have been stored by another gateway: not skipped.
+                    if result.placements and not result.duplicate:
+                        first = result.placements[0]
+                        if first.queue == request.queues[0]:
+                            placed.append((first.queue, first.offset))
             except StorageUnavailable as e:
                 repairs.suspect([q.topic for r in direct for q in r.queues[1:]])
                 now = time.monotonic()
@@ -127,6 +141,8 @@ class Router:
                     self._owing_logged = now
                     log.info("mqtt: publishes stored owing their queue copies: %s", e)
                 owing = list(range(len(requests)))
+            finally:
+                own.end(ticket, placed)
         return await self._store_owing(requests, owing) if owing else {}
 
     async def _store_owing(
@@ -187,6 +203,7 @@ class Router:
         for attempt in range(ROUTE_RETRIES):
             self.core.topics.clear()
             for request in requests:
+                self.own.forget(request.queues[0])  # offsets start again
                 for queue in request.queues:
                     await self.core.ensure_topic(queue.topic)
             try:

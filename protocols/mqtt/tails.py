@@ -72,6 +72,7 @@ class Tails:
                 group=TAIL_GROUP if peers is None else f"{TAIL_GROUP}.{peers.self_id}",
                 keep=self.router.tailed,
                 hold=self.router.repairs.hold,
+                own=self.router.own,
             )
             self._tails[topic] = tail
             tail.start()
@@ -124,6 +125,12 @@ class Tails:
             return self._discovered.is_set()
         tail = self._tails.get(storage_topic(inner))
         return tail is not None and tail.is_ready()
+
+    def messages_read(self, topic: str) -> int:
+        """How many messages the tail of a storage topic read from storage so far
+        (the router's own publishes it skipped unread are not counted)."""
+        tail = self._tails.get(topic)
+        return tail.messages_read if tail is not None else 0
 
     async def close(self) -> None:
         """Stop discovering and tailing (server stop)."""

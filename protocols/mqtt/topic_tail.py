@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable
 
 from polymq.gateway.processor import Caller, Processor
 from polymq.protocols import interop
+from polymq.protocols.mqtt.own_appends import OwnAppends
 from polymq.storage.errors import InvalidName, OffsetOutOfRange, StorageError, TopicNotFound
 from polymq.storage.model import QueueRef, StoredMessage
 
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 _WAIT_MS = 5_000
 _RETRY_S = 1.0
 _COMMIT_EVERY_S = 10.0  # the position, when only MQTT's own messages went by
+_READ_MAX = 256
+_SETTLE_S = 0.5  # at most this long for the router to say where its appends landed
 TAIL_GROUP = "mqtt.tail"  # the consumer group whose offsets say how far tails got
 
 Route = Callable[[list[StoredMessage], bool], Awaitable[None]]
@@ -50,13 +53,16 @@ class TopicTail:
         group: str = TAIL_GROUP,
         keep: Callable[[StoredMessage], bool] | None = None,
         hold: Callable[[QueueRef], int | None] | None = None,
+        own: OwnAppends | None = None,
     ) -> None:
         """``from_start``: the topic is known to be newer than the filters that want
         it (found by a wildcard filter's discovery), so all of it is new. ``group``
         holds the position (one per gateway when several serve the namespace);
         ``keep`` says which messages to route (by default those not from MQTT);
         ``hold`` the lowest offset of a queue still needed after routing (copies it
-        owes not made yet, repairs.py): the position is not committed past it."""
+        owes not made yet, repairs.py): the position is not committed past it;
+        ``own`` where the router's own publishes landed, skipped unread (they are not
+        ``keep``'s)."""
         self._processor = processor
         self._caller = caller
         self.topic = topic
@@ -69,6 +75,8 @@ class TopicTail:
         self._group = group
         self._keep = keep or _not_from_mqtt
         self._hold = hold
+        self._own = own
+        self.messages_read = 0  # what the tail's reads decoded (own publishes skipped not)
 
     async def ready(self) -> None:
         """Wait until the tail knows where it starts: a message stored after this
@@ -132,25 +140,56 @@ class TopicTail:
         """Route what arrives from ``offset`` on. Messages below ``live_from`` were
         stored while nobody followed (the gateway was down): they go to the queues of
         persistent sessions and shared groups only, not to clients that subscribed
-        after them. The position is committed, so a restart resumes from it."""
+        after them. The position is committed, so a restart resumes from it.
+
+        With ``own``, a wait at the end of the queue reads one message; once the
+        router's appends begun by then have said where they landed (before any read
+        that does not wait, too), the tail jumps over the router's own publishes and
+        reads only up to the next of them (own_appends.py)."""
+        own = self._own
         committed, committed_at = offset, time.monotonic()
+        probe = True  # at the end: the next read waits
         while self._wanted():
+            limit = _READ_MAX
+            if own is not None:
+                if not probe:  # behind: first learn where the appends in flight land
+                    await own.settled(own.issued, _SETTLE_S)
+                offset, next_own = own.skip(queue, offset)
+                if probe:
+                    limit = 1
+                elif next_own is not None:
+                    limit = max(1, min(limit, next_own - offset))
             try:
                 result = await self._processor.read(
                     self._caller,
                     queue,
                     offset,
-                    max_messages=256,
+                    max_messages=limit,
                     wait_ms=_WAIT_MS,
                     metered=False,  # a look: what reaches a client is metered on sending
                 )
             except OffsetOutOfRange as e:
                 offset = e.earliest if offset < e.earliest else e.latest
+                if own is not None:
+                    own.forget(queue)
                 continue
             except TopicNotFound:
+                if own is not None:
+                    own.forget(queue)
                 return
+            messages = result.messages
+            self.messages_read += len(messages)
+            if own is not None:
+                probe = result.next_offset >= result.offsets.latest
+                if limit == 1 and messages:
+                    await own.settled(own.issued, _SETTLE_S)
+                    skipped, _ = own.skip(queue, offset)
+                    if skipped > offset:  # the message read is the router's own
+                        offset = skipped
+                        probe = skipped >= result.offsets.latest
+                        continue
             keep = self._keep
-            foreign = [m for m in result.messages if keep(m)]
+            foreign = [m for m in messages if keep(m)]
             offset = result.next_offset
             try:
                 old = [m for m in foreign if m.offset < live_from]
