@@ -19,13 +19,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from confluent_kafka import Consumer, KafkaError, Message, Producer
+
 from polymq.gateway.config import ENV_PREFIX
 from polymq.storage.replicated.local_nats import free_ports
 
 __all__ = [
     "TIMEOUT",
     "Workers",
+    "consume_values",
     "owner_pid",
+    "produce_values",
     "running_workers",
     "source_port_on",
     "wait_until",
@@ -196,3 +200,36 @@ def source_port_on(workers: Workers, listener: str, pid: int, *, other_than: boo
         if owner is not None and (owner != pid if other_than else owner == pid):
             return port
     raise AssertionError(f"no source port lands {'off' if other_than else 'on'} worker {pid}")
+
+
+def produce_values(workers: Workers, topic: str, values: range) -> None:
+    """``values`` produced with acks=all, every one acknowledged."""
+    producer = Producer({"bootstrap.servers": f"127.0.0.1:{workers.port('kafka')}", "acks": "all"})
+    failures: list[KafkaError] = []
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        if error is not None:
+            failures.append(error)
+
+    for i in values:
+        producer.produce(topic, str(i).encode(), on_delivery=delivered)
+    assert producer.flush(TIMEOUT) == 0
+    assert failures == []
+
+
+def consume_values(consumer: Consumer, count: int, *, distinct: bool = False) -> list[int]:
+    """Poll until ``count`` values (``distinct`` ones: redeliveries allowed) came."""
+    got: list[int] = []
+
+    def more() -> bool:
+        message = consumer.poll(0.2)
+        if message is not None:
+            error, value = message.error(), message.value()
+            if error is None and value is not None:
+                got.append(int(value))
+            elif error is not None and error.code() != KafkaError._PARTITION_EOF:
+                raise AssertionError(error)
+        return len(set(got) if distinct else got) >= count
+
+    wait_until(more, f"{count} records")
+    return got
