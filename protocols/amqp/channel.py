@@ -467,6 +467,11 @@ class Channel:
             credit = min(credit, self._global_prefetch - len(self.unacked) - self.reserved)
         return credit
 
+    @property
+    def global_prefetch(self) -> bool:
+        """basic.qos with ``global``: the consumers share one credit."""
+        return self._global_prefetch > 0
+
     def _wake_consumers(self) -> None:
         for consumer in self.consumers.values():
             consumer.wakeup.set()

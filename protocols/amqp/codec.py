@@ -186,6 +186,45 @@ class FrameReader:
             self._pos = 0
 
 
+_PUBLISH_INDEX: Final = commands.Basic.Publish.index
+_ACK_INDEX: Final = commands.Basic.Ack.index
+_ACK_ARGS = struct.Struct(">qB")
+
+
+def _fast_publish(payload: bytes) -> commands.Basic.Publish | None:
+    """basic.publish read straight off the payload (the hot path of publishing), or
+    ``None`` when anything is off (short, not UTF-8, trailing bytes): the generic
+    decoder then reads it and raises the error it names."""
+    try:
+        exchange_end = 7 + payload[6]
+        key_end = exchange_end + 1 + payload[exchange_end]
+        bits = payload[key_end]
+        if key_end + 1 != len(payload):
+            return None
+        exchange = payload[7:exchange_end].decode()
+        routing_key = payload[exchange_end + 1 : key_end].decode()
+    except (IndexError, UnicodeDecodeError):
+        return None
+    method = commands.Basic.Publish.__new__(commands.Basic.Publish)
+    method.ticket = payload[4] << 8 | payload[5]
+    method.exchange = exchange
+    method.routing_key = routing_key
+    method.mandatory = bool(bits & 1)
+    method.immediate = bool(bits & 2)
+    return method
+
+
+def _fast_ack(payload: bytes) -> commands.Basic.Ack | None:
+    """basic.ack read straight off the payload, as :func:`_fast_publish`."""
+    if len(payload) != 13:
+        return None
+    delivery_tag, bits = _ACK_ARGS.unpack_from(payload, 4)
+    method = commands.Basic.Ack.__new__(commands.Basic.Ack)
+    method.delivery_tag = delivery_tag
+    method.multiple = bool(bits & 1)
+    return method
+
+
 def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
     if frame_type == FRAME_BODY:
         return payload
@@ -195,6 +234,13 @@ def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
         if len(payload) < 4:
             raise FrameError("method frame too short")
         index: int = _INDEX.unpack_from(payload)[0]
+        fast: MethodFrame | None = None
+        if index == _PUBLISH_INDEX:
+            fast = _fast_publish(payload)
+        elif index == _ACK_INDEX:
+            fast = _fast_ack(payload)
+        if fast is not None:
+            return fast
         cls: type[MethodFrame] | None = commands.INDEX_MAPPING.get(index)
         if cls is None:
             raise FrameError(f"unknown method {index >> 16}.{index & 0xFFFF}")

@@ -128,6 +128,10 @@ class AmqpConnection:
         # heartbeats, which it cancels.
         self._tasks = TaskSet(f"amqp connection {self.key}")
         self._closing = asyncio.Event()
+        # The frame loop's task while it waits in a read: ``fail`` (from any task)
+        # cancels that read, so a read costs no task and no second waiter of its own.
+        self._reading: asyncio.Task[Any] | None = None
+        self._read_interrupted = False
         self._blocked_capable = False
 
     @property
@@ -200,6 +204,10 @@ class AmqpConnection:
         for channel in self.channels.values():
             channel.begin_close()
         self._closing.set()
+        reading = self._reading
+        if reading is not None and not self._read_interrupted:
+            self._read_interrupted = True
+            reading.cancel()
 
     def fail_channel(self, channel: Channel, error: AmqpError) -> None:
         """A soft error: channel.close; its unacked messages go back now."""
@@ -376,32 +384,41 @@ class AmqpConnection:
         return timeout, False
 
     async def _read(self) -> bytes:
-        timeout, for_frame = self._read_timeout()
-        reading = self._reader.read(1 << 16)
-        closing = asyncio.ensure_future(self._closing.wait())
-        read_task = asyncio.ensure_future(reading)
-        try:
-            done, _ = await asyncio.wait(
-                {read_task, closing}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            closing.cancel()
-        if read_task in done:
-            try:
-                return read_task.result()
-            except ConnectionError:
-                return b""  # reset by the peer: as a hang-up
-        read_task.cancel()
-        await asyncio.gather(read_task, return_exceptions=True)  # one reader at a time
-        if closing in done:
+        """The next bytes from the peer (b"" once it hung up). Waits in the frame
+        loop's own task, under ``asyncio.timeout``: no task and no closing waiter per
+        read (they were a good part of a message's CPU at everyday rates). A
+        ``fail`` from another task meanwhile cancels the read (see ``fail``); the
+        bytes not read stay in the stream for ``_await_close_ok``."""
+        if self._closing.is_set():
             await self._await_close_ok()
             raise _Closed
-        if for_frame:
-            raise _FrameTimeout
-        if self._state is ConnectionState.OPEN:
-            log.info("amqp: missed heartbeats, closing connection %s", self.key)
-        else:
-            log.info("amqp: no handshake within %.1f s, closing %s", self._handshake_s, self.key)
+        timeout, for_frame = self._read_timeout()
+        task = asyncio.current_task()
+        assert task is not None
+        self._reading = task
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._reader.read(1 << 16)
+        except ConnectionError:
+            return b""  # reset by the peer: as a hang-up
+        except asyncio.CancelledError:
+            if not self._read_interrupted:
+                raise
+            task.uncancel()
+        except TimeoutError:
+            if for_frame:
+                raise _FrameTimeout from None
+            if self._state is ConnectionState.OPEN:
+                log.info("amqp: missed heartbeats, closing connection %s", self.key)
+            else:
+                log.info(
+                    "amqp: no handshake within %.1f s, closing %s", self._handshake_s, self.key
+                )
+            raise _Closed from None
+        finally:
+            self._reading = None
+        # ``fail`` interrupted the read: closing, as the close-ok wait says.
+        await self._await_close_ok()
         raise _Closed
 
     async def _await_close_ok(self) -> None:

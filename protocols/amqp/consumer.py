@@ -70,6 +70,7 @@ class Consumer:
         self.task: asyncio.Task[None] | None = None
         self._stopping = False
         self._busy = False  # fetching without waiting, or delivering: let it finish
+        self._drained = False  # the last turn waited and took less than it asked for
         self.stream_offset: int | None = None  # set for consumers of stream queues
         # Unique across gateways: the connection's key holds its gateway instance.
         self.id = f"{channel.conn.key}/{channel.number}/{tag}"
@@ -143,13 +144,24 @@ class Consumer:
         await channel.conn.quota.hold("amqp", "consume")
         channel.reserved += credit
         try:
-            self._busy = True
-            messages = await self._fetch(credit, 0)
-            self._busy = False
-            if not messages and not self._stopping:
-                channel.reserved -= credit - 1
-                credit = 1
-                messages = await self._fetch(1, POP_WAIT_MS)
+            asked = credit
+            waited = self._drained and self._polls_whole_credit()
+            if waited:
+                # The last turn found the queue empty and waited: straight to the long
+                # poll again, which takes what is there at once. At everyday rates that
+                # saves an empty pop per message (one of the three storage calls each).
+                messages = await self._fetch(credit, POP_WAIT_MS)
+            else:
+                self._busy = True
+                messages = await self._fetch(credit, 0)
+                self._busy = False
+                if not messages and not self._stopping:
+                    channel.reserved -= credit - 1
+                    credit = 1
+                    waited = True
+                    messages = await self._fetch(1, POP_WAIT_MS)
+            # Only a wait marks the queue drained: a short pop of a busy queue does not.
+            self._drained = waited and len(messages) < asked
             self._busy = True
             if messages and self._stopping and channel.state is not ChannelState.OPEN:
                 await channel.give_back(self.queue.group, messages)
@@ -159,6 +171,19 @@ class Consumer:
         finally:
             self._busy = False
             channel.reserved -= credit
+
+    def _polls_whole_credit(self) -> bool:
+        """Whether a long poll may ask for the consumer's whole credit: not with a
+        global prefetch (a waiting poll holds credit the channel's other consumers
+        share), a priority queue (levels are popped highest first, one by one), a
+        view or a stream queue (their own fetches)."""
+        queue = self.queue
+        return (
+            not self.channel.global_prefetch
+            and queue.max_priority == 0
+            and queue.view_topic is None
+            and self.stream_offset is None
+        )
 
     async def _fetch(self, count: int, wait_ms: int) -> list[StoredMessage]:
         channel = self.channel

@@ -165,3 +165,68 @@ def test_x_death_counts_repeats_per_queue_and_reason() -> None:
     assert headers["x-first-death-queue"] == "q"
     assert headers["x-last-death-queue"] == "q2"
     assert deaths[1]["original-expiration"] == "100"
+
+
+def _method_payload(frame_bytes: bytes) -> bytes:
+    return frame_bytes[7:-1]
+
+
+def _generic(cls: type, payload: bytes) -> Any:
+    """What the table-driven decoder makes of a method payload (or its error)."""
+    from polymq.protocols.amqp.fields import FieldError, decode_arguments
+
+    try:
+        return decode_arguments(cls, payload, 4, 64)
+    except (FieldError, IndexError, ValueError) as e:
+        return e
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    exchange=st.text(max_size=40),
+    routing_key=st.text(max_size=80),
+    bits=st.integers(0, 255),
+    ticket=st.integers(0, 0xFFFF),
+    delivery_tag=st.integers(-(2**63), 2**63 - 1),
+    cut=st.integers(0, 12),
+    tail=st.binary(max_size=3),
+    bad_utf8=st.booleans(),
+)
+def test_fast_publish_and_ack_decode_as_the_generic_decoder(
+    exchange: str,
+    routing_key: str,
+    bits: int,
+    ticket: int,
+    delivery_tag: int,
+    cut: int,
+    tail: bytes,
+    bad_utf8: bool,
+) -> None:
+    """basic.publish and basic.ack have a decoder of their own (the hot path): for any
+    arguments, and payloads cut short, padded or not UTF-8, it gives what the generic
+    decoder gives, and a payload the generic decoder refuses is a FrameError."""
+    import struct
+
+    ex = exchange.encode()[:255]
+    rk = routing_key.encode()[:255]
+    if bad_utf8 and rk:
+        rk = b"\xff" + rk[1:]
+    publish = struct.pack(">IH", commands.Basic.Publish.index, ticket)
+    publish += bytes((len(ex),)) + ex + bytes((len(rk),)) + rk + bytes((bits,))
+    ack = struct.pack(">IqB", commands.Basic.Ack.index, delivery_tag, bits)
+    for cls, payload in ((commands.Basic.Publish, publish), (commands.Basic.Ack, ack)):
+        for variant in (payload, payload[: max(4, len(payload) - cut)], payload + tail):
+            data = struct.pack(">BHI", 1, 1, len(variant)) + variant + b"\xce"
+            expected = _generic(cls, variant)
+            reader = FrameReader(frame_max=0, hard_max=1 << 20, expect_header=False)
+            reader.receive_data(data)
+            if isinstance(expected, Exception):
+                with pytest.raises(FrameError):
+                    reader.next_frame()
+                continue
+            got = reader.next_frame()
+            assert got is not None
+            assert type(got.value) is cls
+            assert {k: getattr(got.value, k) for k in cls.__slots__} == {
+                k: getattr(expected, k) for k in cls.__slots__
+            }
