@@ -5,11 +5,14 @@ global byte offsets: segment files are named by the position of their first byte
 follow each other without gaps, so a position finds its segment by bisection.
 
 Group commit: callers reserve records (a position is assigned at once, on the event
-loop), and one flusher writes everything reserved so far with a single write and a
-single fsync per segment, then reports the new durable position. While one fsync runs,
-the next group gathers; a group is never held back to wait for company, so a lone
-record is flushed at once. With ``async`` durability the flusher writes without fsync
-and a timer fsyncs.
+loop), and one flusher task writes everything reserved so far with a single ``pwrite``
+per segment, on the loop, and asks the fsync thread (fsync_thread.py) to make it
+durable. While one fsync runs, the next groups are written and their requests gather
+into the next fsync, which starts as soon as the running one ends; a group is never
+held back to wait for company, so a lone record is flushed at once. The loop hears
+once per completed fsync, runs the callbacks of what it covers and reports the new
+durable position. With ``async`` durability the flusher writes without fsync and a
+timer fsyncs.
 
 A record reserved with ``durable=False`` (a transient message, a hand-out nobody
 waits on) does not ask for an fsync: a group made only of such records is written,
@@ -27,20 +30,21 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
-import functools
+import errno
 import logging
 import mmap
 import os
 import struct
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import crc32c
 
 from polymq.storage.engine.config import Durability
 from polymq.storage.engine.files import fsync_directory
+from polymq.storage.engine.fsync_thread import FsyncThread
 from polymq.storage.engine.stats import LogStats
 from polymq.storage.errors import StorageClosed, StorageError, StorageFailed, StorageUnavailable
 
@@ -67,6 +71,21 @@ class _Segment:
         return self.base + self.size
 
 
+_Batch = list[tuple[_Segment, bytes, Callable[[], None] | None]]
+
+
+class _Group:
+    """A written group of records whose callbacks have not run yet."""
+
+    __slots__ = ("batch", "end", "fsync", "since")
+
+    def __init__(self, end: int, batch: _Batch, fsync: bool, since: float) -> None:
+        self.end = end
+        self.batch = batch
+        self.fsync = fsync  # reported once durable (else once written)
+        self.since = since  # when its first record was reserved (stats.commit)
+
+
 class CommitLog:
     """Append-only log with group commit. Not thread-safe: call from the event loop."""
 
@@ -90,7 +109,9 @@ class CommitLog:
         self._written_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._reported_end = 0  # written and its callbacks run: readers see it
         self._reported_waiters: list[tuple[int, asyncio.Future[None]]] = []
-        self._pending: list[tuple[_Segment, bytes, Callable[[], None] | None]] = []
+        self._pending: _Batch = []
+        self._unreported: deque[_Group] = deque()  # written, callbacks not run yet
+        self._requested_end = 0  # asked of the fsync thread
         self._pending_durable = False  # a pending record asked for an fsync
         self._sync_due = False  # the timer for written-only records fired
         self._sync_timer: asyncio.TimerHandle | None = None
@@ -98,7 +119,9 @@ class CommitLog:
         self._wakeup = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._syncer: asyncio.Task[None] | None = None
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="polymq-fsync")
+        self._fsyncer: FsyncThread[_Segment] | None = None
+        self._synced_generation = 0
+        self._generation_waiters: list[tuple[int, asyncio.Future[None]]] = []
         self._failed: BaseException | None = None
         self._failure: StorageError | None = None  # what callers get once failed
         self._closed = False
@@ -176,6 +199,7 @@ class CommitLog:
         if not self._segments:
             self._create_segment(good_end)
         self._reserved_end = self._durable_end = self._written_end = good_end
+        self._requested_end = good_end
         self._reported_end = good_end
 
     def _segment_index(self, position: int) -> int:
@@ -249,6 +273,7 @@ class CommitLog:
 
     def start_flushing(self) -> None:
         loop = asyncio.get_running_loop()
+        self._fsyncer = FsyncThread(loop, self._sync_segments, self._synced)
         self._flusher = loop.create_task(self._flush_loop(), name="polymq-commit-log-flusher")
         if self._durability is Durability.ASYNC:
             self._syncer = loop.create_task(self._sync_loop(), name="polymq-commit-log-syncer")
@@ -292,8 +317,9 @@ class CommitLog:
             raise self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((target, future))
-        if self._durability is Durability.SYNC:
-            self._wakeup.set()  # written-only records below ``target`` need an fsync now
+        if self._durability is Durability.SYNC and target > self._requested_end:
+            self._sync_due = True  # written-only records below ``target``: fsync now
+            self._wakeup.set()
         await future
 
     async def wait_written(self, end: int | None = None) -> None:
@@ -328,37 +354,31 @@ class CommitLog:
         await future
 
     def _mark_written(self, end: int) -> None:
-        """Called on the loop from the flusher's thread between write and fsync."""
+        """Everything before ``end`` is in its file: wake who waits for that."""
         self._written_end = max(self._written_end, end)
-        self._written_waiters = _wake(self._written_waiters, self._written_end)
+        if self._written_waiters:
+            self._written_waiters = _wake(self._written_waiters, self._written_end)
 
     async def _flush_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        """Write each group on the loop as soon as it is reserved (a ``pwrite`` into
+        the page cache), then either report it (``async`` durability, or a group
+        nobody needs fsynced) or ask the fsync thread to make it durable. Groups are
+        written while an earlier group's fsync runs, so a hand-out or an ack (written
+        only) never waits behind a publish's fsync; their callbacks still run in log
+        order (:meth:`_report`)."""
         sync = self._durability is Durability.SYNC
+        stats = self.stats
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._pending or (sync and (self._sync_due or self._waiters)):
+            while self._pending or (sync and self._sync_due):
                 batch, self._pending = self._pending, []
                 since = self._group_since
-                start, end = self._durable_end, self._reserved_end
-                # Records nobody waits to be fsynced: written now, fsynced later.
-                fsync = sync and (self._pending_durable or self._sync_due or bool(self._waiters))
-                self._pending_durable = False
-                if fsync:
-                    self._sync_due = False
-                    if self._sync_timer is not None:
-                        self._sync_timer.cancel()
-                        self._sync_timer = None
-                new_dir_entry, self._dir_dirty = self._dir_dirty, False
+                start, end = self._written_end, self._reserved_end
+                durable, self._pending_durable = self._pending_durable, False
                 try:
-                    if fsync:
-                        await self._write_synced(loop, batch, new_dir_entry, end)
-                    else:
-                        self._write(batch, False, new_dir_entry)
-                        # A new segment's directory entry waits for the next fsync too.
-                        self._dir_dirty = self._dir_dirty or (sync and new_dir_entry)
                     if batch:
+                        self._write(batch)
                         await self._replicate(start, [frame for _, frame, _ in batch])
                 except asyncio.CancelledError:
                     raise
@@ -366,27 +386,80 @@ class CommitLog:
                     log.critical("commit log write failed, refusing further writes: %r", exc)
                     self._fail(exc)
                     return
-                for _, _, callback in batch:
-                    if callback is not None:
-                        try:
-                            callback()
-                        except Exception:  # our bug: keep acknowledging the others
-                            log.exception("commit log: a durability callback failed")
-                stats = self.stats
                 stats.records += len(batch)
-                if fsync or not sync:
-                    self._durable_end = end
-                    self._wake_waiters()
+                self._mark_written(end)
+                if not sync:  # written is durable here (fsynced by the interval)
                     if batch:
-                        stats.commit.observe(time.perf_counter() - since)
-                elif self._sync_timer is None:
-                    self._sync_timer = loop.call_later(
+                        self._unreported.append(_Group(end, batch, False, since))
+                    self._durable_end = end
+                    self._report()
+                    self._wake_waiters()
+                    continue
+                # Records nobody waits to be fsynced: written now, fsynced later.
+                fsync = durable or self._sync_due
+                if batch:
+                    self._unreported.append(_Group(end, batch, fsync, since))
+                if fsync:
+                    self._request_sync(end)
+                elif self._sync_timer is None and end > self._requested_end:
+                    self._sync_timer = asyncio.get_running_loop().call_later(
                         self._flush_interval_ms / 1000, self._sync_later
                     )
-                self._mark_written(end)
-                self._reported_end = end
-                if self._reported_waiters:
-                    self._reported_waiters = _wake(self._reported_waiters, end)
+                self._report()
+
+    def _request_sync(self, end: int) -> None:
+        """Ask the fsync thread for everything written so far (``end``), with every
+        segment written since the last fsync, so an fsync covers every byte before it
+        and the log stays a prefix."""
+        self._sync_due = False
+        if self._sync_timer is not None:
+            self._sync_timer.cancel()
+            self._sync_timer = None
+        if end <= self._requested_end and not self._dir_dirty:
+            return  # an fsync asked for already covers it
+        self._requested_end = max(self._requested_end, end)
+        new_dir_entry, self._dir_dirty = self._dir_dirty, False
+        assert self._fsyncer is not None
+        self._fsyncer.request(self._take_unsynced(), new_dir_entry, end)
+
+    def _synced(self, generation: int, end: int, error: BaseException | None) -> None:
+        """On the loop, once per completed fsync: ``end`` is durable."""
+        if error is not None:
+            if self._failure is None:
+                log.critical("commit log fsync failed, refusing further writes: %r", error)
+                self._fail(error)
+            return
+        self._synced_generation = generation
+        if self._durability is Durability.SYNC and end > self._durable_end:
+            self._durable_end = end
+            self._report()  # callbacks first: a waiter woken sees its records
+            self._wake_waiters()
+        if self._generation_waiters:
+            self._generation_waiters = _wake(self._generation_waiters, generation)
+
+    def _report(self) -> None:
+        """Run the callbacks of the written groups that may be reported, in log
+        order: a group that asked for an fsync once it is durable, one that did not
+        once every group before it was reported."""
+        unreported = self._unreported
+        durable_end = self._durable_end
+        stats = self.stats
+        while unreported:
+            group = unreported[0]
+            if group.fsync and group.end > durable_end:
+                break
+            unreported.popleft()
+            for _, _, callback in group.batch:
+                if callback is not None:
+                    try:
+                        callback()
+                    except Exception:  # our bug: keep acknowledging the others
+                        log.exception("commit log: a durability callback failed")
+            self._reported_end = group.end
+            if group.fsync or self._durability is not Durability.SYNC:
+                stats.commit.observe(time.perf_counter() - group.since)
+        if self._reported_waiters:
+            self._reported_waiters = _wake(self._reported_waiters, self._reported_end)
 
     def _sync_later(self) -> None:
         """The timer of written-only records: fsync them now."""
@@ -394,62 +467,34 @@ class CommitLog:
         self._sync_due = True
         self._wakeup.set()
 
-    async def _write_synced(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        batch: list[tuple[_Segment, bytes, Callable[[], None] | None]],
-        new_dir_entry: bool,
-        end: int,
-    ) -> None:
-        """Write ``batch`` and fsync it with everything written before it, in the
-        fsync thread: the loop keeps serving (and gathering the next group) while
-        the disk works, and a stalled disk never stalls every connection. (Syncing a
-        lone record on the loop instead was measured: no CPU saved, see
-        docs/performance.md.)"""
-        written = (
-            functools.partial(loop.call_soon_threadsafe, self._mark_written, end)
-            if self._written_waiters
-            else None
-        )
-        await loop.run_in_executor(
-            self._executor, self._write, batch, True, new_dir_entry, written, self._take_unsynced()
-        )
-
-    def _write(
-        self,
-        batch: list[tuple[_Segment, bytes, Callable[[], None] | None]],
-        fsync: bool,
-        new_dir_entry: bool,
-        written: Callable[[], object] | None = None,
-        earlier: list[_Segment] | None = None,
-    ) -> None:
-        """Write ``batch``; with ``fsync``, fsync it and the ``earlier`` segments
-        written without one (so an fsync covers every byte written before it)."""
-        touched: list[_Segment] = []
+    def _write(self, batch: list[tuple[_Segment, bytes, Callable[[], None] | None]]) -> None:
+        """Write ``batch`` (on the loop); its segments wait for the next fsync."""
         chunks: list[bytes] = []
         current: _Segment | None = None
         for segment, frame, _ in batch:
             if segment is not current:
                 if current is not None:
                     self._write_chunks(current, chunks)
-                    touched.append(current)
                 current, chunks = segment, []
             chunks.append(frame)
         if current is not None:
             self._write_chunks(current, chunks)
-            touched.append(current)
-        if written is not None:
-            written()
-        if fsync:
-            for segment in earlier or ():
-                if segment.fd >= 0 and segment not in touched:
-                    self._fdatasync(segment.fd)
-            for segment in touched:
-                self._fdatasync(segment.fd)
-            if new_dir_entry:
-                self._fsync_dir()
-        else:
-            self._unsynced.update(touched)
+
+    def _sync_segments(self, segments: list[_Segment], directory: bool) -> None:
+        """In the fsync thread: fsync ``segments`` and, for a new segment's name, the
+        directory. A segment deleted by retention meanwhile is skipped."""
+        for segment in segments:
+            fd = segment.fd
+            if fd < 0:
+                continue
+            try:
+                self._fdatasync(fd)
+            except OSError as exc:
+                if exc.errno == errno.EBADF and segment.fd < 0:
+                    continue  # closed by retention while queued: nothing to keep
+                raise
+        if directory:
+            self._fsync_dir()
 
     def _fdatasync(self, fd: int) -> None:
         """``fdatasync``, timed (in the fsync thread, the only one that fsyncs)."""
@@ -458,30 +503,39 @@ class CommitLog:
         self.stats.fsync.observe(time.perf_counter() - began)
 
     def _write_chunks(self, segment: _Segment, chunks: list[bytes]) -> None:
-        data = b"".join(chunks)
+        data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
         self.stats.bytes += len(data)
-        view = memoryview(data)
-        while view:
-            written = os.pwrite(segment.fd, view, segment.size)
-            segment.size += written
-            view = view[written:]
+        self._unsynced.add(segment)
+        written = os.pwrite(segment.fd, data, segment.size)
+        segment.size += written
+        if written < len(data):  # short write (rare): write the rest
+            view = memoryview(data)[written:]
+            while view:
+                written = os.pwrite(segment.fd, view, segment.size)
+                segment.size += written
+                view = view[written:]
 
     async def _sync_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+        """``async`` durability: fsync what was written, every interval."""
         while True:
             await asyncio.sleep(self._flush_interval_ms / 1000)
-            try:
-                await loop.run_in_executor(self._executor, self._fsync_all, self._take_unsynced())
-            except OSError as exc:
-                log.critical("commit log fsync failed, refusing further writes: %r", exc)
-                self._fail(exc)
-                return
+            with contextlib.suppress(StorageError):  # failed: _synced logged it
+                await self._sync_all()
 
-    def _fsync_all(self, segments: list[_Segment]) -> None:
-        for segment in segments:
-            if segment.fd >= 0:
-                self._fdatasync(segment.fd)
-        self._fsync_dir()
+    async def _sync_all(self) -> None:
+        """Fsync every segment written so far and the directory, in the thread."""
+        if self._failure is not None:
+            raise self._failure
+        if self._fsyncer is None:  # never started: nothing runs beside us
+            self._sync_segments(self._take_unsynced(), True)
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._dir_dirty = False
+        end = self._written_end
+        self._requested_end = max(self._requested_end, end)
+        generation = self._fsyncer.request(self._take_unsynced(), True, end)
+        self._generation_waiters.append((generation, future))
+        await future
 
     def _take_unsynced(self) -> list[_Segment]:
         """Segments written since the last fsync (taken on the loop, synced in a thread)."""
@@ -492,9 +546,7 @@ class CommitLog:
     async def fsync(self) -> None:
         """Force everything written so far to disk (used before a checkpoint)."""
         await self.wait_durable()
-        await asyncio.get_running_loop().run_in_executor(
-            self._executor, self._fsync_all, self._take_unsynced()
-        )
+        await self._sync_all()
 
     def _wake_waiters(self) -> None:
         self._waiters = _wake(self._waiters, self._durable_end)
@@ -508,10 +560,17 @@ class CommitLog:
             else StorageFailed(f"commit log write failed: {exc!r}")
         )
         self._failure = error
-        for _, future in (*self._waiters, *self._written_waiters, *self._reported_waiters):
+        waiting = (
+            *self._waiters,
+            *self._written_waiters,
+            *self._reported_waiters,
+            *self._generation_waiters,
+        )
+        for _, future in waiting:
             if not future.done():
                 future.set_exception(error)
         self._waiters = []
+        self._generation_waiters = []
         self._written_waiters = []
         self._reported_waiters = []
 
@@ -589,7 +648,8 @@ class CommitLog:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._executor.shutdown(wait=True)
+        if self._fsyncer is not None:
+            self._fsyncer.stop()
         for segment in self._segments:
             os.close(segment.fd)
         self._segments.clear()

@@ -1,0 +1,140 @@
+"""The commit log's fsync thread (storage/engine/fsync_thread.py): groups are written
+on the loop while an fsync runs, what was asked meanwhile shares the next fsync, a
+durable record is reported only after its fsync, and a failed fsync fails the log.
+
+Each test holds ``os.fdatasync`` in the fsync thread to look at what happens
+meanwhile; waits are bounded by ``WAIT_S``, never timed."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from polymq.storage.engine.commit_log import CommitLog
+from polymq.storage.engine.config import Durability
+from polymq.storage.errors import StorageFailed
+
+WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
+
+
+class HeldFsync:
+    """Counts the commit log's ``fdatasync`` calls and holds them until released."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls = 0
+        self.entered = threading.Event()
+        self.released = threading.Event()
+        real = os.fdatasync
+
+        def fdatasync(fd: int) -> None:
+            self.calls += 1
+            self.entered.set()
+            self.released.wait(WAIT_S)
+            real(fd)
+
+        monkeypatch.setattr(os, "fdatasync", fdatasync)
+
+    async def wait_entered(self) -> None:
+        """Until the fsync thread sits in a held ``fdatasync``."""
+        loop = asyncio.get_running_loop()
+        assert await loop.run_in_executor(None, self.entered.wait, WAIT_S)
+
+
+@contextlib.asynccontextmanager
+async def _log(tmp_path: Path) -> AsyncIterator[CommitLog]:
+    log = CommitLog(
+        tmp_path / "log",
+        segment_bytes=1 << 20,
+        durability=Durability.SYNC,
+        flush_interval_ms=600_000,  # no timer's fsync within a test
+    )
+    log.open()
+    for _ in log.recover(0):
+        pass
+    log.start_flushing()
+    try:
+        yield log
+    finally:
+        await log.close()
+
+
+def _note(order: list[str], name: str) -> Callable[[], None]:
+    return lambda: order.append(name)
+
+
+async def test_a_durable_record_is_reported_only_after_its_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _log(tmp_path) as log:
+        fsync = HeldFsync(monkeypatch)
+        order: list[str] = []
+        log.reserve(b"d", _note(order, "d"))
+        end = log.end
+        durable = asyncio.create_task(log.wait_durable(end))
+        await fsync.wait_entered()
+        await asyncio.wait_for(log.wait_written(end), WAIT_S)  # in the file already
+        await asyncio.sleep(0)
+        assert not durable.done() and order == [] and log.durable_end < end
+        fsync.released.set()
+        await asyncio.wait_for(durable, WAIT_S)
+        assert order == ["d"] and log.durable_end >= end
+
+
+async def test_written_only_records_are_written_while_an_fsync_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hand-out or an ack (written only) does not wait behind a publish's fsync;
+    its callback still runs after the durable record's before it (log order)."""
+    async with _log(tmp_path) as log:
+        fsync = HeldFsync(monkeypatch)
+        order: list[str] = []
+        log.reserve(b"durable", _note(order, "durable"))
+        await fsync.wait_entered()
+        log.reserve(b"hand-out", _note(order, "hand-out"), durable=False)
+        await asyncio.wait_for(log.wait_written(), WAIT_S)  # while the fsync is held
+        reported = asyncio.create_task(log.wait_reported())
+        await asyncio.sleep(0)
+        assert order == [] and not reported.done()  # not before the durable one
+        fsync.released.set()
+        await asyncio.wait_for(reported, WAIT_S)
+        assert order == ["durable", "hand-out"]
+
+
+async def test_what_is_asked_during_an_fsync_shares_the_next_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _log(tmp_path) as log:
+        fsync = HeldFsync(monkeypatch)
+        log.reserve(b"first")
+        first = asyncio.create_task(log.wait_durable())
+        await fsync.wait_entered()
+        waits = []
+        for i in range(5):  # five groups, each written and asked for on its own
+            log.reserve(b"later %d" % i)
+            await asyncio.wait_for(log.wait_written(), WAIT_S)
+            waits.append(asyncio.create_task(log.wait_durable()))
+        fsync.released.set()
+        await asyncio.wait_for(asyncio.gather(first, *waits), WAIT_S)
+        assert fsync.calls == 2  # the held one, then one for all five
+
+
+async def test_a_failed_fsync_fails_the_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with _log(tmp_path) as log:
+
+        def broken(fd: int) -> None:
+            raise OSError(5, "Input/output error")
+
+        monkeypatch.setattr(os, "fdatasync", broken)
+        log.reserve(b"lost")
+        with pytest.raises(StorageFailed):
+            await asyncio.wait_for(log.wait_durable(), WAIT_S)
+        with pytest.raises(StorageFailed):
+            log.reserve(b"refused")
