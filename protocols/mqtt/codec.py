@@ -503,8 +503,10 @@ class Decoder:
         return packets
 
     def _decode(self, kind: int, flags: int, body: bytes) -> Packet:
-        r = _Reader(body, 0, len(body))
         v5 = self.level == LEVEL_5
+        if kind == PUBLISH and not v5:  # the common packet, without a reader object
+            return _decode_publish_v3(body, flags)
+        r = _Reader(body, 0, len(body))
         packet: Packet
         if kind == PUBLISH:
             packet = _decode_publish(r, flags, v5)
@@ -656,6 +658,46 @@ def _decode_publish(r: _Reader, flags: int, v5: bool) -> Publish:
     )
 
 
+def _decode_publish_v3(body: bytes, flags: int) -> Publish:
+    """:func:`_decode_publish` at levels 3 and 4 (no properties), the same checks
+    and errors, read straight from the bytes."""
+    qos = (flags >> 1) & 0x03
+    if qos == 3:
+        raise MalformedPacket("PUBLISH with QoS 3")
+    dup = bool(flags & 0x08)
+    if dup and not qos:
+        raise MalformedPacket("DUP set on a QoS 0 PUBLISH")
+    size = len(body)
+    if size < 2:
+        raise MalformedPacket("packet ends early")
+    end = 2 + ((body[0] << 8) | body[1])
+    if end > size:
+        raise MalformedPacket("string or binary data runs past the packet")
+    try:
+        topic = body[2:end].decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise MalformedPacket(f"invalid UTF-8 string: {e}") from None
+    if "\x00" in topic:
+        raise MalformedPacket("UTF-8 string contains U+0000")
+    pid = 0
+    if qos:
+        if end + 2 > size:
+            raise MalformedPacket("packet ends early")
+        pid = (body[end] << 8) | body[end + 1]
+        if not pid:
+            raise MalformedPacket("packet identifier 0")
+        end += 2
+    return Publish(
+        topic=topic,
+        payload=body[end:],
+        qos=qos,
+        retain=bool(flags & 0x01),
+        dup=dup,
+        packet_id=pid,
+        properties={},
+    )
+
+
 def _decode_subscribe(r: _Reader, v5: bool, max_filters: int | None) -> Subscribe:
     """SUBSCRIBE (v5 3.8): options byte bits 0-1 QoS, 2 no local, 3 retain as
     published, 4-5 retain handling, 6-7 reserved (and v3 uses only bits 0-1)."""
@@ -735,6 +777,23 @@ def _encode_properties(props: Properties) -> bytes:
 
 def _frame(first: int, body: bytes) -> bytes:
     return bytes((first,)) + _varint(len(body)) + body
+
+
+def encode_publish_v3(
+    topic: bytes, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int
+) -> bytes:
+    """A PUBLISH at levels 3 and 4 (no properties), ``topic`` encoded already: what
+    :func:`encode` makes of the same ``Publish``, for the delivery path, which sends
+    one per message and subscriber and needs no ``Publish`` object for it."""
+    first = 0x30 | (qos << 1) | (8 if dup else 0) | (1 if retain else 0)
+    size = 2 + len(topic) + (2 if qos else 0) + len(payload)
+    if size < 128:
+        head = bytes((first, size, len(topic) >> 8, len(topic) & 0xFF))
+    else:
+        head = bytes((first,)) + _varint(size) + bytes((len(topic) >> 8, len(topic) & 0xFF))
+    if qos:
+        return b"".join((head, topic, bytes((packet_id >> 8, packet_id & 0xFF)), payload))
+    return b"".join((head, topic, payload))
 
 
 def encode(packet: Packet, level: int) -> bytes:

@@ -737,8 +737,17 @@ class MqttConnection:
         acks: list[codec.Packet] = []
         item_acks: dict[int, int] = {}  # index in items -> index of its ack in acks
         now = self._clock.now_ms()
+        # Topics of this batch found valid, permitted and with a storage topic: a
+        # burst usually repeats one or a few, checked once each.
+        cleared: set[str] = set()
         for packet in batch:
             topic = self._resolve_topic(packet)
+            if topic in cleared:
+                if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+                    acks.append(codec.PubRec(packet_id=packet.packet_id))  # a resend: stored
+                    continue
+                self._admit_publish(packet, topic, now, items, acks, item_acks)
+                continue
             if not is_valid_topic_name(topic):
                 raise _Close(_TOPIC_INVALID, f"invalid topic name {topic[:100]!r} in PUBLISH")
             if topic_levels(topic) > self._config.max_topic_levels:
@@ -775,25 +784,8 @@ class MqttConnection:
                 if packet.qos:
                     acks.append(self._fail_ack(_ack_for(packet, _SUCCESS), _TOPIC_INVALID, str(e)))
                 continue
-            items.append(
-                Outgoing(
-                    message=message_from_publish(
-                        packet, client_id=self.client_id, now_ms=now, topic=topic
-                    ),
-                    topic=topic,
-                    qos=packet.qos,
-                    retain=packet.retain,
-                    publisher=self.client_id,
-                    dedup_key=(
-                        self._broker.qos2_dedup_key(session, packet.packet_id)
-                        if packet.qos == 2
-                        else None
-                    ),
-                )
-            )
-            if packet.qos:
-                item_acks[len(items) - 1] = len(acks)
-                acks.append(_ack_for(packet, _SUCCESS))
+            cleared.add(topic)
+            self._admit_publish(packet, topic, now, items, acks, item_acks)
         if items:
             try:
                 unstored = await self._broker.publish(items)
@@ -814,6 +806,39 @@ class MqttConnection:
         if self._v5:
             self._inbound_unacked -= sum(1 for p in batch if p.qos)
         self._out.flush()
+
+    def _admit_publish(
+        self,
+        packet: codec.Publish,
+        topic: str,
+        now: int,
+        items: list[Outgoing],
+        acks: list[codec.Packet],
+        item_acks: dict[int, int],
+    ) -> None:
+        """A PUBLISH whose topic passed the checks: to be routed and stored, its ack
+        (if any) to be sent once it is."""
+        assert self._broker is not None and self._session is not None
+        qos = packet.qos
+        items.append(
+            Outgoing(
+                message=message_from_publish(
+                    packet, client_id=self.client_id, now_ms=now, topic=topic
+                ),
+                topic=topic,
+                qos=qos,
+                retain=packet.retain,
+                publisher=self.client_id,
+                dedup_key=(
+                    self._broker.qos2_dedup_key(self._session, packet.packet_id)
+                    if qos == 2
+                    else None
+                ),
+            )
+        )
+        if qos:
+            item_acks[len(items) - 1] = len(acks)
+            acks.append(_ack_for(packet, _SUCCESS))
 
     def _unstored(
         self, unstored: dict[int, StorageError], item_acks: dict[int, int], acks: list[codec.Packet]

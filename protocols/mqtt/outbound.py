@@ -281,24 +281,24 @@ class Outbound:
         receipt: str | None,
         dup: bool,
     ) -> bool:
-        v5 = self.level == codec.LEVEL_5
+        if self.level != codec.LEVEL_5:  # no properties: the bytes straight from the message
+            return self._send_v3(message, topic, qos, retain, receipt=receipt, dup=dup)
         packet = publish_from_message(
-            message, topic=topic, qos=qos, retain=retain, now_ms=self._clock.now_ms(), v5=v5
+            message, topic=topic, qos=qos, retain=retain, now_ms=self._clock.now_ms(), v5=True
         )
-        if v5:
-            if subscription_ids:
-                packet.properties[codec.SUBSCRIPTION_ID] = subscription_ids
-            if self.alias_max:  # topic aliases (v5 3.3.2.3.4), first come first served
-                aliases = self._aliases
-                if aliases is None:
-                    aliases = self._aliases = {}
-                alias = aliases.get(topic)
-                if alias is not None:
-                    packet.topic = ""
-                    packet.properties[codec.TOPIC_ALIAS] = alias
-                elif len(aliases) < self.alias_max:
-                    alias = aliases[topic] = len(aliases) + 1
-                    packet.properties[codec.TOPIC_ALIAS] = alias
+        if subscription_ids:
+            packet.properties[codec.SUBSCRIPTION_ID] = subscription_ids
+        if self.alias_max:  # topic aliases (v5 3.3.2.3.4), first come first served
+            aliases = self._aliases
+            if aliases is None:
+                aliases = self._aliases = {}
+            alias = aliases.get(topic)
+            if alias is not None:
+                packet.topic = ""
+                packet.properties[codec.TOPIC_ALIAS] = alias
+            elif len(aliases) < self.alias_max:
+                alias = aliases[topic] = len(aliases) + 1
+                packet.properties[codec.TOPIC_ALIAS] = alias
         if qos:
             packet.packet_id = self._allocate_pid()
             packet.dup = dup
@@ -307,6 +307,35 @@ class Outbound:
             return False  # v5 3.1.2.11.4: discarded as if delivered
         if qos:
             self._inflight[packet.packet_id] = _InFlight(qos, receipt)
+        self._services.stats.sent += 1
+        if self._quota is not None:
+            self._quota.consumed(PROTOCOL, len(message.body))
+        self._out += data
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self.flush)
+        return True
+
+    def _send_v3(
+        self,
+        message: Message,
+        topic: str,
+        qos: int,
+        retain: bool,
+        *,
+        receipt: str | None,
+        dup: bool,
+    ) -> bool:
+        """:meth:`_send` for levels 3 and 4: the same bytes as
+        ``codec.encode(publish_from_message(...))``, without the packet object."""
+        pid = self._allocate_pid() if qos else 0
+        data = codec.encode_publish_v3(
+            topic.encode(), message.body, qos, retain, dup and qos > 0, pid
+        )
+        if self.max_packet and len(data) > self.max_packet:
+            return False
+        if qos:
+            self._inflight[pid] = _InFlight(qos, receipt)
         self._services.stats.sent += 1
         if self._quota is not None:
             self._quota.consumed(PROTOCOL, len(message.body))

@@ -77,6 +77,11 @@ class _Ranges:
         return offset, (starts[0] if starts else None)
 
 
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 class OwnAppends:
     """Offsets of the router's own appends per followed queue, and which appends are
     still in flight (their offsets not known yet)."""
@@ -113,13 +118,14 @@ class OwnAppends:
         its messages)."""
         if not self._pending or next(iter(self._pending)) > upto:
             return
-        future = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
         self._waiters.append((upto, future))
+        timer = loop.call_later(timeout_s, _settle, future)  # no task, as wait_for made
         try:
-            await asyncio.wait_for(asyncio.shield(future), timeout_s)
-        except TimeoutError:
-            pass
+            await future
         finally:
+            timer.cancel()
             if not future.done():
                 future.cancel()
 
@@ -145,8 +151,7 @@ class OwnAppends:
             still = []
             for upto, future in self._waiters:
                 if oldest is None or oldest > upto:
-                    if not future.done():
-                        future.set_result(None)
-                elif not future.done():
+                    _settle(future)
+                elif not future.done():  # a timed-out one is dropped here
                     still.append((upto, future))
             self._waiters = still

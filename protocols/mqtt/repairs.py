@@ -88,6 +88,11 @@ class Repairs:
         nodes, and the publish stored again owing would be there twice)."""
         return target in self._by_target or target in self._suspects
 
+    @property
+    def idle(self) -> bool:
+        """No queue owed copies nor suspect: no publish needs :meth:`busy` asked."""
+        return not self._by_target and not self._suspects
+
     def suspect(self, targets: list[str]) -> None:
         """Queues of a failed append (one of them is on a node that is away): until
         each answers again (a look at its offsets, every second), publishes reaching

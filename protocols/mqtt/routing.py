@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from polymq.protocols import interop
 from polymq.protocols.mqtt.core import ROUTE_RETRIES, ROUTE_RETRY_S, BrokerCore
@@ -45,6 +45,18 @@ log = logging.getLogger(__name__)
 _OWING_LOG_EVERY_S = 10.0
 
 
+@dataclass(slots=True)
+class _Plan:
+    """Where one publish goes (:meth:`Router._plan`); ``repeatable``: the same for
+    the next publish to the same topic with the same QoS, retain flag and publisher
+    (no shared group's turn taken)."""
+
+    queues: tuple[QueueRef, ...]
+    sends: list[tuple[SessionOwner, int, bool, list[int]]]
+    woken: list[SessionOwner]
+    repeatable: bool
+
+
 class Router:
     """Where a message goes, from the subscription index of one namespace."""
 
@@ -69,19 +81,50 @@ class Router:
         requests = []
         memory: list[tuple[SessionOwner, Delivery]] = []
         woken: list[SessionOwner] = []
+        # A burst repeats a few topics: each one's storage queue and route (when no
+        # shared group takes turns in it) worked out once per batch, anew after any
+        # await (subscriptions may have changed meanwhile).
+        stored: dict[str, QueueRef] = {}
+        plans: dict[tuple[str, int, bool, str | None], _Plan] = {}
         for item in items:
-            topic = storage_topic(item.topic)
-            await self.core.ensure_topic(topic)
+            queue = stored.get(item.topic)
+            if queue is None:
+                topic = storage_topic(item.topic)
+                if topic not in self.core.topics:
+                    await self.core.ensure_topic(topic)
+                    plans.clear()
+                queue = stored[item.topic] = QueueRef(self.core.namespace, topic, 0)
             if self.core.peers is not None:  # with no await before _route: see _route_peer
                 stamp = b"%d:%s" % (self.core.applied, self.core.stamp)
                 item.message = stamped(item.message, stamp)
-            queues = [QueueRef(self.core.namespace, topic, 0)]
-            self._route(item, queues, memory, woken)
+            key = (item.topic, item.qos, item.retain, item.publisher)
+            plan = plans.get(key)
+            if plan is None:
+                plan = self._plan(item)
+                if plan.repeatable:
+                    plans[key] = plan
+            if plan.sends:
+                message = item.message
+                for owner, qos, retain, ids in plan.sends:
+                    memory.append(
+                        (
+                            owner,
+                            Delivery(
+                                message=message,
+                                topic=item.topic,
+                                qos=qos,
+                                retain=retain,
+                                subscription_ids=ids,
+                            ),
+                        )
+                    )
+            if plan.woken:
+                woken.extend(plan.woken)
             # QoS 0 asked for no durability: written, fsynced within the flush interval.
             requests.append(
                 AppendRequest(
                     entry=item.message,
-                    queues=tuple(queues),
+                    queues=(queue, *plan.queues) if plan.queues else (queue,),
                     dedup_key=item.dedup_key,
                     durable=item.qos > 0,
                 )
@@ -117,9 +160,15 @@ class Router:
         storage knows the node is down, such an append writes the live nodes' shares
         before failing, and the request stored again owing would be there twice)."""
         repairs = self.repairs
-        owing = [
-            i for i, r in enumerate(requests) if any(repairs.busy(q.topic) for q in r.queues[1:])
-        ]
+        owing = (
+            []
+            if repairs.idle
+            else [
+                i
+                for i, r in enumerate(requests)
+                if any(repairs.busy(q.topic) for q in r.queues[1:])
+            ]
+        )
         direct = [r for i, r in enumerate(requests) if i not in owing] if owing else requests
         if direct:
             own = self.own
@@ -221,9 +270,35 @@ class Router:
         memory: list[tuple[SessionOwner, Delivery]],
         woken: list[SessionOwner],
     ) -> None:
+        plan = self._plan(item)
+        queues.extend(plan.queues)
+        woken.extend(plan.woken)
+        for owner, qos, retain, ids in plan.sends:
+            memory.append(
+                (
+                    owner,
+                    Delivery(
+                        message=item.message,
+                        topic=item.topic,
+                        qos=qos,
+                        retain=retain,
+                        subscription_ids=ids,
+                    ),
+                )
+            )
+
+    def _plan(self, item: Outgoing) -> _Plan:
+        """Where ``item`` goes: the queues it is copied into (persistent sessions at
+        QoS 1 or 2, shared groups), the online owners it is handed from memory (with
+        QoS, retain flag and subscription ids) and the owners to wake."""
+        queues: list[QueueRef] = []
+        sends: list[tuple[SessionOwner, int, bool, list[int]]] = []
+        woken: list[SessionOwner] = []
+        repeatable = True
         per_session: dict[str, tuple[Session, int, list[int], bool]] = {}
         for _, value in self.core.index.match(item.topic):
             if isinstance(value, SharedGroup):
+                repeatable = False  # its members take turns
                 queues.append(value.queue)
                 owner = value.next_owner()
                 if owner is not None:
@@ -255,18 +330,8 @@ class Router:
                 if session.owner is not None:
                     woken.append(session.owner)
             elif session.owner is not None:
-                memory.append(
-                    (
-                        session.owner,
-                        Delivery(
-                            message=item.message,
-                            topic=item.topic,
-                            qos=granted,
-                            retain=item.retain and rap,
-                            subscription_ids=ids,
-                        ),
-                    )
-                )
+                sends.append((session.owner, granted, item.retain and rap, ids))
+        return _Plan(tuple(queues), sends, woken, repeatable)
 
     def deliver_transient(self, topic: str, message: Message) -> None:
         """Hand a QoS 0 message to online subscribers without storing it (``$SYS``)."""

@@ -4,6 +4,7 @@ errors (remaining length, UTF-8, flags, packet size)."""
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import pytest
 from hypothesis import given
@@ -151,3 +152,74 @@ def test_well_framed_garbage_bodies(level: int, kind: int, flags: int, body: byt
     frame = bytes([(kind << 4) | flags, len(body)]) + body
     with contextlib.suppress(codec.MalformedPacket, codec.ProtocolError, codec.PacketTooLarge):
         codec.Decoder(level=level).feed(frame)
+
+
+@given(
+    topic=st.text(min_size=1, max_size=300),
+    payload=st.binary(max_size=20_000),
+    qos=st.integers(0, 2),
+    retain=st.booleans(),
+    dup=st.booleans(),
+    packet_id=st.integers(1, 65535),
+)
+def test_fast_v3_publish_is_the_same_bytes(
+    topic: str, payload: bytes, qos: int, retain: bool, dup: bool, packet_id: int
+) -> None:
+    """The delivery path's encoder (no ``Publish`` object) makes what ``encode`` does,
+    across the remaining length's 1-, 2- and 3-byte forms."""
+    dup = dup and qos > 0
+    packet = codec.Publish(
+        topic=topic,
+        payload=payload,
+        qos=qos,
+        retain=retain,
+        dup=dup,
+        packet_id=packet_id if qos else 0,
+    )
+    fast = codec.encode_publish_v3(
+        topic.encode(), payload, qos, retain, dup, packet_id if qos else 0
+    )
+    assert fast == codec.encode(packet, codec.LEVEL_311)
+
+
+@pytest.mark.parametrize("size", [0, 1, 126, 127, 128, 129, 16383, 16384, 16385, 2_097_152])
+@pytest.mark.parametrize("qos", [0, 1])
+def test_fast_v3_publish_at_the_length_boundaries(size: int, qos: int) -> None:
+    """Remaining lengths of exactly 127/128 and 16,383/16,384 bytes (and around)."""
+    topic = "t/x"
+    payload = b"p" * max(0, size - 2 - len(topic) - (2 if qos else 0))
+    packet = codec.Publish(topic=topic, payload=payload, qos=qos, packet_id=9 if qos else 0)
+    fast = codec.encode_publish_v3(topic.encode(), payload, qos, False, False, 9 if qos else 0)
+    assert fast == codec.encode(packet, codec.LEVEL_311)
+
+
+def _outcome(decode: Callable[[], codec.Packet]) -> object:
+    try:
+        return decode()
+    except (codec.MalformedPacket, codec.ProtocolError) as e:
+        return (type(e), str(e))
+
+
+_PUBLISH_BODIES = st.one_of(
+    st.binary(max_size=60),
+    st.builds(
+        lambda topic, slack, pid, payload, cut: (
+            (max(0, len(topic) + slack)).to_bytes(2, "big") + topic + pid + payload
+        )[: cut or None],
+        st.one_of(st.binary(max_size=12), st.text(max_size=8).map(str.encode)),
+        st.integers(-2, 2),
+        st.sampled_from([b"", b"\x00\x00", b"\x00\x07", b"\x01"]),
+        st.binary(max_size=8),
+        st.integers(0, 30),
+    ),
+)
+
+
+@given(body=_PUBLISH_BODIES, flags=st.integers(0, 15))
+def test_fast_v3_publish_decoder_agrees_with_the_reader(body: bytes, flags: int) -> None:
+    """The v3 PUBLISH fast path decodes what the general one does and refuses what
+    it refuses, with the same error, for any body and flags (topic lengths off by
+    a little, NUL and bad UTF-8 in topics, packet id 0, bodies cut short)."""
+    fast = _outcome(lambda: codec._decode_publish_v3(body, flags))
+    slow = _outcome(lambda: codec._decode_publish(codec._Reader(body, 0, len(body)), flags, False))
+    assert fast == slow
