@@ -116,6 +116,13 @@ class CommitLog:
         self._sync_due = False  # the timer for written-only records fired
         self._sync_timer: asyncio.TimerHandle | None = None
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._sync = durability is Durability.SYNC
+        self._loop: asyncio.AbstractEventLoop | None = None  # set by start_flushing
+        # A log that replicates nothing flushes from a loop callback (_flush_now);
+        # one that does needs a task (_flush_loop) to await each group's copy.
+        self._inline = type(self)._replicate is CommitLog._replicate
+        self._flush_scheduled = False
+        self._flusher_stopped = False
         self._wakeup = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
         self._syncer: asyncio.Task[None] | None = None
@@ -272,9 +279,12 @@ class CommitLog:
         ``directory``) are its files."""
 
     def start_flushing(self) -> None:
-        loop = asyncio.get_running_loop()
+        loop = self._loop = asyncio.get_running_loop()
         self._fsyncer = FsyncThread(loop, self._sync_segments, self._synced)
-        self._flusher = loop.create_task(self._flush_loop(), name="polymq-commit-log-flusher")
+        if not self._inline:
+            self._flusher = loop.create_task(self._flush_loop(), name="polymq-commit-log-flusher")
+        if self._pending:  # reserved before the flusher ran
+            self._kick()
         if self._durability is Durability.ASYNC:
             self._syncer = loop.create_task(self._sync_loop(), name="polymq-commit-log-syncer")
 
@@ -305,7 +315,7 @@ class CommitLog:
         if durable:
             self._pending_durable = True
         self._reserved_end = position + size
-        self._wakeup.set()
+        self._kick()
         return position
 
     async def wait_durable(self, end: int | None = None) -> None:
@@ -319,7 +329,7 @@ class CommitLog:
         self._waiters.append((target, future))
         if self._durability is Durability.SYNC and target > self._requested_end:
             self._sync_due = True  # written-only records below ``target``: fsync now
-            self._wakeup.set()
+            self._kick()
         await future
 
     async def wait_written(self, end: int | None = None) -> None:
@@ -359,25 +369,44 @@ class CommitLog:
         if self._written_waiters:
             self._written_waiters = _wake(self._written_waiters, self._written_end)
 
+    def _kick(self) -> None:
+        """Have the flusher look at the pending records in this loop iteration."""
+        if self._loop is None or not self._inline:
+            self._wakeup.set()
+        elif not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush_now)
+
+    def _flush_now(self) -> None:
+        """The flusher of a log that replicates nothing: a callback scheduled once
+        per loop iteration that has pending records (cheaper than waking a task for
+        every group: no event future, no task step)."""
+        self._flush_scheduled = False
+        if self._failure is not None or self._flusher_stopped:
+            return
+        while self._pending or (self._sync and self._sync_due):
+            group = self._take_group()
+            try:
+                if group[0]:
+                    self._write(group[0])
+            except BaseException as exc:  # a disk error: stop, never acknowledge
+                log.critical("commit log write failed, refusing further writes: %r", exc)
+                self._fail(exc)
+                return
+            self._written(*group)
+
     async def _flush_loop(self) -> None:
-        """Write each group on the loop as soon as it is reserved (a ``pwrite`` into
-        the page cache), then either report it (``async`` durability, or a group
-        nobody needs fsynced) or ask the fsync thread to make it durable. Groups are
-        written while an earlier group's fsync runs, so a hand-out or an ack (written
-        only) never waits behind a publish's fsync; their callbacks still run in log
-        order (:meth:`_report`)."""
-        sync = self._durability is Durability.SYNC
-        stats = self.stats
+        """The flusher of a log that replicates (``_replicate`` overridden): a task,
+        since each group awaits its replication before it is reported."""
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            while self._pending or (sync and self._sync_due):
-                batch, self._pending = self._pending, []
-                since = self._group_since
-                start, end = self._written_end, self._reserved_end
-                durable, self._pending_durable = self._pending_durable, False
+            while self._pending or (self._sync and self._sync_due):
+                group = self._take_group()
+                batch = group[0]
                 try:
                     if batch:
+                        start = self._written_end
                         self._write(batch)
                         await self._replicate(start, [frame for _, frame, _ in batch])
                 except asyncio.CancelledError:
@@ -386,26 +415,41 @@ class CommitLog:
                     log.critical("commit log write failed, refusing further writes: %r", exc)
                     self._fail(exc)
                     return
-                stats.records += len(batch)
-                self._mark_written(end)
-                if not sync:  # written is durable here (fsynced by the interval)
-                    if batch:
-                        self._unreported.append(_Group(end, batch, False, since))
-                    self._durable_end = end
-                    self._report()
-                    self._wake_waiters()
-                    continue
-                # Records nobody waits to be fsynced: written now, fsynced later.
-                fsync = durable or self._sync_due
-                if batch:
-                    self._unreported.append(_Group(end, batch, fsync, since))
-                if fsync:
-                    self._request_sync(end)
-                elif self._sync_timer is None and end > self._requested_end:
-                    self._sync_timer = asyncio.get_running_loop().call_later(
-                        self._flush_interval_ms / 1000, self._sync_later
-                    )
-                self._report()
+                self._written(*group)
+
+    def _take_group(self) -> tuple[_Batch, float, int, bool]:
+        """The pending records as one group: (batch, since, end, durable)."""
+        batch, self._pending = self._pending, []
+        durable, self._pending_durable = self._pending_durable, False
+        return batch, self._group_since, self._reserved_end, durable
+
+    def _written(self, batch: _Batch, since: float, end: int, durable: bool) -> None:
+        """A group was written (and replicated): report it (``async`` durability, or
+        a group nobody needs fsynced) or ask the fsync thread to make it durable.
+        Groups are written while an earlier group's fsync runs, so a hand-out or an
+        ack (written only) never waits behind a publish's fsync; callbacks still run
+        in log order (:meth:`_report`)."""
+        self.stats.records += len(batch)
+        self._mark_written(end)
+        if not self._sync:  # written is durable here (fsynced by the interval)
+            if batch:
+                self._unreported.append(_Group(end, batch, False, since))
+            self._durable_end = end
+            self._report()
+            self._wake_waiters()
+            return
+        # Records nobody waits to be fsynced: written now, fsynced later.
+        fsync = durable or self._sync_due
+        if batch:
+            self._unreported.append(_Group(end, batch, fsync, since))
+        if fsync:
+            self._request_sync(end)
+        elif self._sync_timer is None and end > self._requested_end:
+            assert self._loop is not None
+            self._sync_timer = self._loop.call_later(
+                self._flush_interval_ms / 1000, self._sync_later
+            )
+        self._report()
 
     def _request_sync(self, end: int) -> None:
         """Ask the fsync thread for everything written so far (``end``), with every
@@ -465,7 +509,7 @@ class CommitLog:
         """The timer of written-only records: fsync them now."""
         self._sync_timer = None
         self._sync_due = True
-        self._wakeup.set()
+        self._kick()
 
     def _write(self, batch: list[tuple[_Segment, bytes, Callable[[], None] | None]]) -> None:
         """Write ``batch`` (on the loop); its segments wait for the next fsync."""
@@ -641,6 +685,7 @@ class CommitLog:
             with contextlib.suppress(StorageFailed):
                 await self.fsync()
         self._closed = True
+        self._flusher_stopped = True
         if self._sync_timer is not None:
             self._sync_timer.cancel()
         for task in (self._flusher, self._syncer):
