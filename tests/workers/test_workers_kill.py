@@ -1,8 +1,9 @@
 """``polymq run --workers 2`` when processes die: a worker killed with SIGKILL is
-restarted by the parent on the same ports, clients reconnect (to either worker) and
-nothing acknowledged is lost (AMQP confirms, Kafka acks=all); SIGTERM of the parent
-stops every worker and exits 0; a parent killed with SIGKILL takes its workers with
-it (no worker is left holding the shared ports)."""
+restarted by the parent on the same ports (its own Kafka port too), clients
+reconnect (to either worker) and nothing acknowledged is lost (AMQP confirms, Kafka
+acks=all); SIGTERM of the parent stops every worker and exits 0; a parent killed
+with SIGKILL takes its workers with it (no worker is left holding the shared
+ports)."""
 
 from __future__ import annotations
 
@@ -68,6 +69,10 @@ def test_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path: P
         os.kill(victim, signal.SIGKILL)
         workers.wait_line(r"worker-1 exited \(killed by SIGKILL\)", "the exit", after=mark)
         workers.wait_line(r"worker-1 restarted \(pid \d+", "the restart", after=mark)
+        own = workers.kafka_ports["worker-1"]  # Kafka clients know it as a broker there
+        workers.wait_line(
+            rf"\[worker-1\] .*listener kafka: 127\.0\.0\.1:{own}$", "its own port", after=mark
+        )
         reborn = workers.pids["worker-1"]
         assert reborn != victim and not _alive(victim) and _alive(reborn)
         with pytest.raises(pika.exceptions.AMQPError):  # its connection died with it
