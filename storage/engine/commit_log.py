@@ -297,8 +297,9 @@ class CommitLog:
     ) -> int:
         """Queue one record; return its position. ``on_durable`` runs (on the loop, in
         log order) once the record is durable, before any waiter is woken; for a record
-        reserved with ``durable=False``, once it is written if no record of its group
-        needs an fsync (then it is fsynced within ``flush_interval_ms``)."""
+        reserved with ``durable=False``, once it is written and every record before it
+        was reported (it is fsynced with the next durable group or within
+        ``flush_interval_ms``)."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
