@@ -74,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "run",
         help="run the merged server in the foreground (the default)",
-        description="Run gateway and embedded storage in one process, in the foreground. "
-        "SIGINT or SIGTERM stops it cleanly (exit code 0).",
+        description="Run gateway and embedded storage in one process, in the foreground "
+        "(with --workers N: N gateway processes sharing the ports over the engine in this "
+        "one). SIGINT or SIGTERM stops it cleanly (exit code 0).",
     )
     _gateway_flags(run, merged=True)
     run.add_argument(
@@ -87,8 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     worker = _server_command(
         commands,
         "worker",
-        help=argparse.SUPPRESS,
-        description="One gateway of 'polymq run --workers N', started by it.",
+        help="one gateway of 'polymq run --workers N' (it starts them; not run by hand)",
+        description="One gateway of 'polymq run --workers N', started by it: a gateway "
+        "of the separated form over the parent's engine, its ports shared with the "
+        "other workers (docs/workers.md).",
     )
     _nameserver_flag(worker)
     worker.add_argument("--navigation", metavar="URL", required=True)
