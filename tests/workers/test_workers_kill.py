@@ -16,6 +16,7 @@ import pika
 import pytest
 from confluent_kafka import Consumer
 
+from tests.mqtt.helpers import Paho
 from tests.workers.helpers import (
     TIMEOUT,
     Workers,
@@ -23,10 +24,21 @@ from tests.workers.helpers import (
     owner_pid,
     produce_values,
     running_workers,
+    source_port_on,
     wait_until,
 )
 
 ONE_FORM = True  # starts its own server processes
+
+
+def _paho_on(workers: Workers, client_id: str, pid: int, *, other_than: bool = False) -> Paho:
+    """A paho client (persistent session) connected once, to worker ``pid`` (or not)."""
+    client = Paho(workers.port("mqtt"), client_id=client_id, clean=False)
+    port = source_port_on(workers, "mqtt", pid, other_than=other_than)
+    client.client.connect("127.0.0.1", workers.port("mqtt"), bind_port=port)
+    client.client.loop_start()
+    client.wait(lambda: client.connack is not None, "CONNACK")
+    return client
 
 
 def _alive(pid: int) -> bool:
@@ -118,3 +130,31 @@ def test_workers_die_with_a_killed_parent(tmp_path: Path) -> None:
         workers.process.kill()
         workers.process.wait(TIMEOUT)
         wait_until(lambda: not any(_alive(pid) for pid in pids), "every worker gone")
+
+
+def test_mqtt_session_outlives_its_killed_worker(tmp_path: Path) -> None:
+    """A persistent session connected to the worker that is killed: the QoS 1
+    messages published (and acknowledged by the other worker) while it is down reach
+    the client when it reconnects, on whichever worker."""
+    topic, client_id = f"k/{uuid.uuid4().hex[:8]}", f"kept-{uuid.uuid4().hex[:8]}"
+    with running_workers(tmp_path / "data") as workers:
+        victim = workers.pids["worker-1"]
+        subscriber = _paho_on(workers, client_id, victim)
+        assert subscriber.subscribe(topic, qos=1) == [1]
+        subscriber.client.reconnect_delay_set(60, 60)  # we reconnect it ourselves
+        mark = len(workers.lines)
+        os.kill(victim, signal.SIGKILL)
+        subscriber.wait(lambda: bool(subscriber.disconnects), "the connection lost")
+        subscriber.client.loop_stop()
+        publisher = _paho_on(workers, f"pub-{uuid.uuid4().hex[:8]}", victim, other_than=True)
+        for i in range(5):
+            assert publisher.publish(topic, f"m{i}".encode(), qos=1) == 0  # PUBACK: stored
+        publisher.disconnect()
+        workers.wait_line(r"worker-1 restarted \(pid \d+", "the restart", after=mark)
+        again = Paho(workers.port("mqtt"), client_id=client_id, clean=False).connect()
+        try:
+            assert again.connack == (True, 0)
+            received = again.wait_messages(5, "the messages published while it was down")
+            assert sorted({m.payload for m in received}) == [f"m{i}".encode() for i in range(5)]
+        finally:
+            again.disconnect()
