@@ -16,7 +16,8 @@ lower layers only):
     4 gateway      gateway (processor, accounts, metering, listener machinery)
     5 protocols    protocols
     6 conformance  conformance                     (drives clients; serves nothing)
-    7 root         gateway.cli, .server, .roles, .assembly, .cluster_tool, .cluster_status
+    7 root         gateway.cli, .server, .roles, .assembly, .cluster_tool, .cluster_status,
+                   .workers
 
 The root is the one place that knows the list of protocols and the storage backend.
 """
@@ -57,6 +58,7 @@ LAYERS: dict[str, int] = {
     "gateway.cluster_tool": 7,
     "gateway.cluster_status": 7,
     "gateway.roles": 7,
+    "gateway.workers": 7,
 }
 NAMES = ["model", "engine/rpc", "directories", "pool", "gateway", "protocols", "conformance"]
 NAMES.append("root")
