@@ -52,6 +52,7 @@ from polymq.storage.replicated.local_nats import free_ports
 
 __all__ = [
     "STATUS_FILE",
+    "WorkerStartError",
     "listener_ports",
     "run_parent",
     "run_worker",
@@ -67,6 +68,11 @@ _LOOPBACK = "127.0.0.1"  # the engine, nameserver and navigation serve the worke
 # serve(), which takes no SO_REUSEPORT from here (protocols/mqtt/listener.py).
 _FIRST_WORKER_ONLY = ("mqtt_ws", "mqtt_wss")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class WorkerStartError(OSError):
+    """A worker did not start (a port taken, a bad setting): the server cannot start,
+    which the foreground runner reports and exits 1 for, as for a port taken."""
 
 
 def listener_ports(config: GatewayConfig) -> dict[str, int]:
@@ -219,7 +225,11 @@ async def _supervise(
 ) -> None:
     try:
         # All at once: each worker's start-up is mostly its own imports.
-        await asyncio.gather(*(children.start(name) for name in children.children))
+        try:
+            await asyncio.gather(*(children.start(name) for name in children.children))
+        except RuntimeError as e:
+            first_line = str(e).splitlines()[0]
+            raise WorkerStartError(f"{first_line} (its log above says why)") from e
         for name, port in ports.items():
             if name in TLS_LISTENERS and not config.tls.cert_file:
                 continue
