@@ -145,7 +145,12 @@ def worker_config(config: GatewayConfig) -> GatewayConfig:
             for name in _FIRST_WORKER_ONLY
         }
         listeners = dataclasses.replace(listeners, **off)
-    return dataclasses.replace(config, storage=storage, cluster=cluster, listeners=listeners)
+    # The parent's node, nameserver and navigation listen on loopback only, in plain
+    # TCP: [tls] internal (mutual TLS between machines) does not apply to them.
+    tls = dataclasses.replace(config.tls, internal=False)
+    return dataclasses.replace(
+        config, storage=storage, cluster=cluster, listeners=listeners, tls=tls
+    )
 
 
 def run_worker(config: GatewayConfig) -> int:
