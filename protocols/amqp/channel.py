@@ -24,7 +24,12 @@ from pamqp.base import Frame as MethodFrame
 from polymq.gateway.accounts import AccessDenied
 from polymq.protocols.amqp import declarations, errors
 from polymq.protocols.amqp._state import ChannelState, ContentState, content_transition
-from polymq.protocols.amqp.codec import ContentHeaderFrame, content_frames, deliver_frames
+from polymq.protocols.amqp.codec import (
+    ContentHeaderFrame,
+    WholePublish,
+    content_frames,
+    deliver_frames,
+)
 from polymq.protocols.amqp.consumer import INVISIBLE_MS, POP_BATCH, Consumer, Delivery
 from polymq.protocols.amqp.dead_letter import dead_letter
 from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
@@ -185,6 +190,22 @@ class Channel:
         else:
             assert isinstance(value, MethodFrame)
             self._inbox.put(value)
+
+    def on_publish(self, whole: WholePublish) -> bool:
+        """Take a basic.publish read whole (the frames of one publish in one go): what
+        :meth:`on_frame` does with its frames, at once. ``False`` when the frames must
+        go one by one instead (the channel closing or amid another content, a header
+        that is not basic's or a body over the limit: on_frame says what is wrong)."""
+        header = whole.header
+        if (
+            self.state is not ChannelState.OPEN
+            or self._content is not ContentState.METHOD
+            or header.class_id != 60
+            or header.body_size > self.conn.max_message_bytes
+        ):
+            return False
+        self._inbox.put(Publish(whole.method, header, whole.body, header.body_size))
+        return True
 
     def _complete(self) -> None:
         publish = self._publish

@@ -34,6 +34,8 @@ __all__ = [
     "FrameReader",
     "InFrame",
     "ProtocolHeaderError",
+    "WholePublish",
+    "confirm_frame",
     "content_frames",
     "deliver_frames",
     "method_frame",
@@ -98,6 +100,18 @@ class InFrame:
 
     channel: int
     value: InValue
+
+
+@dataclass(frozen=True, slots=True)
+class WholePublish:
+    """A basic.publish read with its content in one go (:meth:`FrameReader.next_publish`):
+    ``frames`` is 3, or 2 for an empty body (no body frame)."""
+
+    channel: int
+    method: commands.Basic.Publish
+    header: ContentHeaderFrame
+    body: bytes
+    frames: int
 
 
 class FrameReader:
@@ -175,6 +189,73 @@ class FrameReader:
         self._consume(total)
         self.frames_read += 1
         return InFrame(channel, _decode(frame_type, payload, self._max_depth))
+
+    def next_publish(self) -> WholePublish | None:
+        """A basic.publish whose content header and body (one frame, or none for an
+        empty body) are all buffered, read in one go without a frame object each;
+        ``None`` (nothing consumed) for anything else, which :meth:`next_frame` then
+        reads frame by frame, raising whatever error it finds."""
+        if self._expect_header:
+            return None
+        buffer, pos = self._buffer, self._pos
+        end = len(buffer)
+        limit = self.frame_max or self._hard_max
+        head = _FRAME_HEAD.unpack_from
+        if end - pos < 11:
+            return None
+        frame_type, channel, size = head(buffer, pos)
+        method_end = pos + 7 + size
+        if (
+            frame_type != FRAME_METHOD
+            or size + 8 > limit
+            or method_end + 7 >= end
+            or buffer[method_end] != FRAME_END
+            or _INDEX.unpack_from(buffer, pos + 7)[0] != _PUBLISH_INDEX
+        ):
+            return None
+        at = method_end + 1
+        frame_type, header_channel, size = head(buffer, at)
+        header_end = at + 7 + size
+        if (
+            frame_type != FRAME_HEADER
+            or header_channel != channel
+            or size < 14
+            or size + 8 > limit
+            or header_end >= end
+            or buffer[header_end] != FRAME_END
+        ):
+            return None
+        class_id, _, body_size = _CONTENT_HEAD.unpack_from(buffer, at + 7)
+        header_payload = bytes(buffer[at + 7 : header_end])
+        stop, frames = header_end + 1, 2
+        body = b""
+        if body_size:
+            if end - stop < 7:
+                return None
+            frame_type, body_channel, size = head(buffer, stop)
+            body_end = stop + 7 + size
+            if (
+                frame_type != FRAME_BODY
+                or body_channel != channel
+                or size != body_size
+                or size + 8 > limit
+                or body_end >= end
+                or buffer[body_end] != FRAME_END
+            ):
+                return None
+            body = bytes(buffer[stop + 7 : body_end])
+            stop, frames = body_end + 1, 3
+        method = _fast_publish(bytes(buffer[pos + 7 : method_end]))
+        if method is None:
+            return None
+        try:
+            properties = decode_properties(header_payload, 12, self._max_depth)
+        except (FieldError, struct.error, IndexError, ValueError, OverflowError):
+            return None
+        self._consume(stop - pos)
+        self.frames_read += frames
+        header = ContentHeaderFrame(class_id, body_size, properties, header_payload[12:])
+        return WholePublish(channel, method, header, body, frames)
 
     def _consume(self, count: int) -> None:
         self._pos += count
@@ -265,6 +346,18 @@ def _decode(frame_type: int, payload: bytes, max_depth: int) -> InValue:
             ) from e
         return ContentHeaderFrame(class_id, body_size, properties, payload[12:])
     raise FrameError(f"unknown frame type {frame_type}")
+
+
+_CONFIRM = struct.Struct(">BHIHHqBB")
+
+
+def confirm_frame(channel: int, delivery_tag: int, multiple: bool) -> bytes:
+    """basic.ack from the server (a publisher confirm), packed directly: one is sent
+    per publish or per run of them, and pamqp's generic marshalling cost more than
+    the rest of a confirm's encoding. (Nacks are rare: they stay with pamqp.)"""
+    return _CONFIRM.pack(
+        FRAME_METHOD, channel, 13, _BASIC_CLASS, 80, delivery_tag, 1 if multiple else 0, 0xCE
+    )
 
 
 def method_frame(channel: int, method: MethodFrame) -> bytes:

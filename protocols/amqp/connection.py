@@ -34,6 +34,7 @@ from polymq.protocols.amqp.codec import (
     FrameError,
     FrameReader,
     ProtocolHeaderError,
+    WholePublish,
     method_frame,
 )
 from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
@@ -310,12 +311,20 @@ class AmqpConnection:
             self._frames.receive_data(data)
             while True:
                 try:
-                    frame = self._frames.next_frame()
-                    if frame is None:
-                        break
-                    await self._dispatch(frame.channel, frame.value)
-                    handled += 1
-                    if handled % SLICE == 0:  # a read of tiny frames: let others run
+                    whole = (
+                        self._frames.next_publish() if self._state is ConnectionState.OPEN else None
+                    )
+                    if whole is not None:
+                        await self._dispatch_publish(whole)
+                        handled += whole.frames
+                    else:
+                        frame = self._frames.next_frame()
+                        if frame is None:
+                            break
+                        await self._dispatch(frame.channel, frame.value)
+                        handled += 1
+                    if handled >= SLICE:  # a read of tiny frames: let others run
+                        handled = 0
                         await pause()
                 except FrameError as e:
                     self.fail(ConnectionError_(e.reply_code, str(e), e.class_id, e.method_id))
@@ -485,6 +494,29 @@ class AmqpConnection:
                 await self._blocked("polymq: over the account's publish rate", held)
             else:
                 await self.quota.hold("amqp", "requests")
+
+    async def _dispatch_publish(self, whole: WholePublish) -> None:
+        """A publish read whole: what :meth:`_dispatch` does with its frames, with
+        one hand-over to the channel; frame by frame where the channel cannot take it
+        whole (no such channel, closing, amid another content, a bad header)."""
+        channel = self.channels.get(whole.channel)
+        flow = self._flow
+        if channel is not None and flow is not None and flow.engaged:
+            await self._blocked(flow.reason, flow.wait_released())
+        if channel is None or not channel.on_publish(whole):
+            await self._dispatch(whole.channel, whole.method)
+            await self._dispatch(whole.channel, whole.header)
+            if whole.frames == 3:
+                await self._dispatch(whole.channel, whole.body)
+            return
+        if not channel.space.is_set():
+            await self._wait_for_space(channel)
+        owed = charge_frame(self.quota, whole.method)
+        if whole.frames == 3:
+            owed = charge_frame(self.quota, whole.body) or owed
+        if owed:  # over the account's rates (docs/quotas.md)
+            held = self.quota.hold("amqp", "produce", "requests")
+            await self._blocked("polymq: over the account's publish rate", held)
 
     async def _wait_for_space(self, channel: Channel) -> None:
         """Stop reading while a channel's backlog drains. If that takes a while, tell

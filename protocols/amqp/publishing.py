@@ -17,7 +17,12 @@ from polymq.gateway.accounts import AccessDenied
 from polymq.gateway.fairness import SLICE, pause
 from polymq.protocols import interop
 from polymq.protocols.amqp import errors
-from polymq.protocols.amqp.codec import ContentHeaderFrame, content_frames, method_frame
+from polymq.protocols.amqp.codec import (
+    ContentHeaderFrame,
+    confirm_frame,
+    content_frames,
+    method_frame,
+)
 from polymq.protocols.amqp.consumer import INVISIBLE_MS
 from polymq.protocols.amqp.dead_letter import dead_letter
 from polymq.protocols.amqp.errors import AmqpError, ChannelError, ConnectionError_
@@ -52,8 +57,8 @@ class Publish:
     method: commands.Basic.Publish
     header: ContentHeaderFrame | None = None
     # One buffer, not a list of chunks: a body sent in 1-byte frames would otherwise
-    # cost ~40 bytes of object per byte.
-    chunks: bytearray = field(default_factory=bytearray)
+    # cost ~40 bytes of object per byte. A publish read whole has its body as bytes.
+    chunks: bytearray | bytes = field(default_factory=bytearray)
     received: int = 0
 
 
@@ -145,13 +150,7 @@ class Publisher:
         if self.confirm:
             seqs = [seq for seq, _, _ in outcomes]
             if all(accepted for _, _, accepted in outcomes):
-                last = seqs[-1]
-                out.append(
-                    method_frame(
-                        self._channel.number,
-                        commands.Basic.Ack(delivery_tag=last, multiple=len(seqs) > 1),
-                    )
-                )
+                out.append(confirm_frame(self._channel.number, seqs[-1], len(seqs) > 1))
             else:
                 for seq, _, accepted in outcomes:
                     confirm = commands.Basic.Ack if accepted else commands.Basic.Nack

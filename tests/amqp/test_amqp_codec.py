@@ -18,6 +18,7 @@ from polymq.protocols.amqp.codec import (
     FrameError,
     FrameReader,
     ProtocolHeaderError,
+    confirm_frame,
     content_frames,
     deliver_frames,
     method_frame,
@@ -230,3 +231,84 @@ def test_fast_publish_and_ack_decode_as_the_generic_decoder(
             assert {k: getattr(got.value, k) for k in cls.__slots__} == {
                 k: getattr(expected, k) for k in cls.__slots__
             }
+
+
+@given(
+    channel=st.integers(0, 0xFFFF),
+    delivery_tag=st.integers(0, 2**63 - 1),
+    multiple=st.booleans(),
+)
+def test_confirm_frame_is_pamqps_basic_ack(channel: int, delivery_tag: int, multiple: bool) -> None:
+    """Publisher confirms are packed by hand: byte for byte pamqp's basic.ack."""
+    expected = commands.Basic.Ack(delivery_tag=delivery_tag, multiple=multiple)
+    assert confirm_frame(channel, delivery_tag, multiple) == method_frame(channel, expected)
+
+
+def _publish_frames(channel: int, key: str, body: bytes, frame_max: int, mandatory: bool) -> bytes:
+    raw = encode_properties(commands.Basic.Properties(delivery_mode=2, headers={"k": key}))
+    method = commands.Basic.Publish(exchange="ex", routing_key=key, mandatory=mandatory)
+    return method_frame(channel, method) + content_frames(channel, raw, body, frame_max)
+
+
+def _read_all(data: bytes, chunks: list[int], *, whole: bool) -> list[object]:
+    """Every frame of ``data`` fed in ``chunks``: with ``whole``, publishes are taken
+    with next_publish where it can (expanded to their frames), as the server reads; an
+    error ends the list with its type."""
+    reader = FrameReader(frame_max=4096, hard_max=1 << 20, expect_header=False)
+    out: list[object] = []
+    pos = 0
+    try:
+        for size in [*chunks, len(data)]:
+            reader.receive_data(data[pos : pos + size])
+            pos += size
+            while True:
+                publish = reader.next_publish() if whole else None
+                if publish is not None:
+                    # Whole means whole: the body the header announces, all of it.
+                    assert len(publish.body) == publish.header.body_size
+                    assert publish.frames == (3 if publish.body else 2)
+                    ch = publish.channel
+                    out.append(_comparable((ch, publish.method)))
+                    out.append(_comparable((ch, publish.header)))
+                    if publish.frames == 3:
+                        out.append(_comparable((ch, publish.body)))
+                    continue
+                frame = reader.next_frame()
+                if frame is None:
+                    break
+                out.append(_comparable((frame.channel, frame.value)))
+    except FrameError as e:
+        out.append(("error", type(e).__name__, e.reply_code))
+    out.append(("frames", reader.frames_read))
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    publishes=st.lists(
+        st.tuples(st.integers(1, 3), texts, st.binary(max_size=6000), st.booleans()),
+        min_size=1,
+        max_size=6,
+    ),
+    chunks=st.lists(st.integers(1, 700), max_size=30),
+    damage=st.one_of(st.none(), st.tuples(st.integers(0, 10**6), st.integers(0, 255))),
+)
+def test_publishes_read_whole_give_the_frames_read_one_by_one(
+    publishes: list[tuple[int, str, bytes, bool]],
+    chunks: list[int],
+    damage: tuple[int, int] | None,
+) -> None:
+    """next_publish (a publish's three frames read in one go, the server's hot path)
+    gives exactly what next_frame gives frame by frame, for any split of the stream,
+    bodies of one or several frames or none, an ack between, and one byte damaged
+    anywhere (then both stop at the same frame with the same error)."""
+    data = b"".join(
+        _publish_frames(ch, key[:50], body, 4096, mandatory)
+        + method_frame(ch, commands.Basic.Ack(delivery_tag=1))
+        for ch, key, body, mandatory in publishes
+    )
+    if damage is not None:
+        at, byte = damage
+        at %= len(data)
+        data = data[:at] + bytes((byte,)) + data[at + 1 :]
+    assert _read_all(data, chunks, whole=True) == _read_all(data, [], whole=False)
