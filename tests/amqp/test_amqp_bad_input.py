@@ -313,3 +313,21 @@ def test_random_frames_get_a_protocol_error_never_a_crash(
             client.close()
     bugs = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert bugs == []
+
+
+def test_an_error_found_off_the_reader_closes_a_silent_peer(raw: RawClient) -> None:
+    """A connection error raised by a channel's task (here basic.publish with
+    immediate, refused when the publish is handled) while the reader waits on the
+    socket: connection.close is sent and, although the peer neither answers close-ok
+    nor sends anything else (no heartbeats either), the server ends the connection
+    after its close-ok wait. The reader's wait is interrupted for it; a reader left
+    waiting would hold the socket open for as long as the peer stays silent."""
+    raw.open(heartbeat=0)
+    raw.send(1, commands.Channel.Open())
+    assert isinstance(raw.next().value, commands.Channel.OpenOk)
+    raw.send(1, commands.Basic.Publish(exchange="", routing_key=unique("q"), immediate=True))
+    raw.sock.sendall(content_frames(1, encode_properties(commands.Basic.Properties()), b"x", 0))
+    close = raw.next().value
+    assert isinstance(close, commands.Connection.Close), close
+    assert close.reply_code == 540, close.reply_text
+    assert raw.read_all() == b""  # closed by the server, within the socket's WAIT_S
