@@ -8,27 +8,39 @@ threads, from psutil) per message over the scenario. Cases:
 - ``amqp``: pika, transient queue, delivery_mode 1, consumer prefetch 500, basic.ack each
 - ``amqp-durable``: the same with a durable queue and persistent messages (mode 2)
 - ``mqtt0`` / ``mqtt1``: paho 3.1.1, publisher and subscriber at QoS 0 / QoS 1
+- ``kafka``: confluent-kafka, producer ``linger.ms=0`` and ``acks=all``, an assigned
+  consumer polling (librdkafka's default ``fetch.wait.max.ms``, 500)
+- ``mns``: httpx against the MNS-style API: SendMessage each; a receiver long-polling
+  BatchReceiveMessage (16, ``waitseconds=30``), then BatchDeleteMessage of what it got
+  (bodies base64, as the SDK sends them)
+- ``rocketmq``: rocketmq-python-client 5.x over gRPC: ``send_async`` each, a
+  SimpleConsumer long-polling ``receive`` and acking each message
 
     .venv/bin/python -m bench.latency                       # polymq, every case, 3 runs
     .venv/bin/python -m bench.latency --cases amqp --runs 5 --seconds 5
     .venv/bin/python -m bench.latency --amqp 127.0.0.1:5672 --amqp-pid PID  # RabbitMQ
     .venv/bin/python -m bench.latency --mqtt 127.0.0.1:1883 --mqtt-pid PID  # Mosquitto
+    .venv/bin/python -m bench.latency --cases kafka,mns,rocketmq --runs 3 --seconds 5
 
 Each run starts fresh clients; the medians of the runs are printed last. Without
-``--amqp``/``--mqtt`` polymq is started once (``bench/_server.py``) and serves every run.
+``--amqp``/``--mqtt``/``--kafka``/``--http``/``--rocketmq`` polymq is started once per
+listener (``bench/_server.py``) and serves every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import json
+import logging
 import statistics
 import struct
 import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -120,11 +132,189 @@ def _mqtt(server: Server, total: int, qos: int) -> list[float]:
     return list(counter.latencies)
 
 
+def _kafka(server: Server, total: int) -> list[float]:
+    """confluent-kafka: a producer with ``linger.ms=0`` and ``acks=all`` (each record
+    sent as soon as produced, answered after its fsync), an assigned consumer polling
+    one record at a time with librdkafka's default ``fetch.wait.max.ms`` (500): a
+    fetch that waited on its timer instead of the append would show at once."""
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.cimpl import NewTopic
+
+    bootstrap = server.address
+    topic = f"lat-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
+    latencies: list[float] = []
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"lat-{uuid.uuid4().hex[:8]}",
+            "enable.auto.commit": False,
+            "fetch.min.bytes": 1,
+        }
+    )
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    ready = threading.Event()
+
+    def consume() -> None:
+        deadline = time.monotonic() + total / RATE + 30
+        try:
+            while len(latencies) < total and time.monotonic() < deadline:
+                message = consumer.poll(0.1)
+                if message is None or message.error() is not None:
+                    continue
+                value = message.value()
+                if not ready.is_set():
+                    ready.set()  # the warm-up record: connected, fetching
+                elif value is not None:
+                    latencies.append(time.perf_counter() - _STAMP.unpack_from(value)[0])
+        finally:
+            consumer.close()
+
+    thread = threading.Thread(target=consume)
+    thread.start()
+    producer = Producer({"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 0})
+    pad = b"x" * (BODY - _STAMP.size)
+    try:
+        producer.produce(topic, b"warm-up", partition=0)
+        producer.flush(30)
+        if not ready.wait(30):
+            raise RuntimeError("the Kafka consumer did not get the warm-up record")
+
+        def send(_: int) -> None:
+            producer.produce(topic, _STAMP.pack(time.perf_counter()) + pad, partition=0)
+            producer.poll(0)
+
+        _paced(total, send)
+        producer.flush(30)
+    finally:
+        thread.join(total / RATE + 40)
+    return latencies
+
+
+def _mns(server: Server, total: int) -> list[float]:
+    """httpx against the MNS-style API (unsigned: polymq's open auth mode): SendMessage
+    per message; a receiver long-polling BatchReceiveMessage (``numOfMessages=16``,
+    ``waitseconds=30``: one message at this rate unless the receiver fell behind) and
+    deleting what it got (BatchDeleteMessage) before the next receive. One
+    ReceiveMessage and DeleteMessage per message cannot keep this pace from one
+    Python receiver (two round trips per message)."""
+    import httpx
+
+    base = f"http://{server.address}"
+    queue = f"lat-{uuid.uuid4().hex[:8]}"
+    path = f"/queues/{queue}/messages"
+    receive_query = {"numOfMessages": 16, "waitseconds": 30}
+    json_accept = {"accept": "application/json"}
+    latencies: list[float] = []
+    ready = threading.Event()
+
+    def receive(client: httpx.Client) -> list[bytes]:
+        got = client.get(path, params=receive_query, headers=json_accept)
+        if got.status_code == 404:
+            return []
+        got.raise_for_status()
+        messages = got.json()["Messages"]
+        handles = "".join(f"<ReceiptHandle>{m['ReceiptHandle']}</ReceiptHandle>" for m in messages)
+        client.request(
+            "DELETE", path, content=f"<ReceiptHandles>{handles}</ReceiptHandles>"
+        ).raise_for_status()
+        return [base64.b64decode(m["MessageBody"]) for m in messages]
+
+    def receiver() -> None:
+        deadline = time.monotonic() + total / RATE + 30
+        with httpx.Client(base_url=base, timeout=60) as client:
+            while len(latencies) < total and time.monotonic() < deadline:
+                for body in receive(client):
+                    if not ready.is_set():
+                        ready.set()  # the warm-up message
+                    else:
+                        latencies.append(time.perf_counter() - _STAMP.unpack_from(body)[0])
+
+    pad = b"x" * (BODY - _STAMP.size)
+    with httpx.Client(base_url=base, timeout=60) as client:
+        client.put(f"/queues/{queue}").raise_for_status()
+
+        def send(_: int) -> None:
+            body = base64.b64encode(_STAMP.pack(time.perf_counter()) + pad).decode()
+            client.post(
+                path, content=f"<Message><MessageBody>{body}</MessageBody></Message>"
+            ).raise_for_status()
+
+        thread = threading.Thread(target=receiver)
+        thread.start()
+        try:
+            send(-1)
+            if not ready.wait(30):
+                raise RuntimeError("the MNS receiver did not get the warm-up message")
+            _paced(total, send)
+        finally:
+            thread.join(total / RATE + 40)
+    return latencies
+
+
+def _rocketmq(server: Server, total: int) -> list[float]:
+    """rocketmq-python-client (5.x, gRPC): a producer sending asynchronously (a sync
+    send of this client costs about as much as the pace allows), a SimpleConsumer
+    long-polling ReceiveMessage (32 at most, 20 s long poll) and acking every message
+    from a small thread pool (the client's ack is a blocking call)."""
+    from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, SimpleConsumer
+    from rocketmq import Producer as RmqProducer
+
+    logging.getLogger("rocketmq-python-client").setLevel(logging.ERROR)
+    config = ClientConfiguration(server.address, Credentials(), request_timeout=10)
+    topic = f"lat-{uuid.uuid4().hex[:8]}"
+    pad = b"x" * (BODY - _STAMP.size)
+
+    def message() -> Any:
+        msg = Message()
+        msg.topic = topic
+        msg.body = _STAMP.pack(time.perf_counter()) + pad
+        return msg
+
+    latencies: list[float] = []
+    producer = RmqProducer(config, (topic,))
+    producer.startup()
+    try:
+        producer.send(message())  # creates the topic before the consumer subscribes
+        consumer = SimpleConsumer(
+            config, f"lat-{uuid.uuid4().hex[:8]}", {topic: FilterExpression()}, 20
+        )
+        consumer.startup()
+        try:
+            consumer.receive(32, 30)  # the warm-up message; the route is known
+            with ThreadPoolExecutor(8) as acker:
+
+                def consume() -> None:
+                    deadline = time.monotonic() + total / RATE + 20
+                    while len(latencies) < total and time.monotonic() < deadline:
+                        for m in consumer.receive(32, 30):
+                            latencies.append(time.perf_counter() - _STAMP.unpack_from(m.body)[0])
+                            acker.submit(consumer.ack, m)
+
+                thread = threading.Thread(target=consume)
+                thread.start()
+                sent: list[Future[Any]] = []
+                _paced(total, lambda _: sent.append(producer.send_async(message())))
+                for future in sent:
+                    future.result(30)
+                thread.join(total / RATE + 30)
+        finally:
+            consumer.shutdown()
+    finally:
+        producer.shutdown()
+    return latencies
+
+
 CASES: dict[str, tuple[str, Callable[[Server, int], list[float]]]] = {
     "amqp": ("amqp", lambda s, n: _amqp(s, n, durable=False)),
     "amqp-durable": ("amqp", lambda s, n: _amqp(s, n, durable=True)),
     "mqtt0": ("mqtt", lambda s, n: _mqtt(s, n, 0)),
     "mqtt1": ("mqtt", lambda s, n: _mqtt(s, n, 1)),
+    "kafka": ("kafka", _kafka),
+    "mns": ("http", _mns),
+    "rocketmq": ("rocketmq", _rocketmq),
 }
 
 
@@ -205,6 +395,12 @@ def main() -> None:
     parser.add_argument("--amqp-pid", type=int, help="its pid, for CPU")
     parser.add_argument("--mqtt", metavar="HOST:PORT", help="an MQTT broker already running")
     parser.add_argument("--mqtt-pid", type=int, help="its pid, for CPU")
+    parser.add_argument("--kafka", metavar="HOST:PORT", help="a Kafka broker already running")
+    parser.add_argument("--kafka-pid", type=int, help="its pid, for CPU")
+    parser.add_argument("--http", metavar="HOST:PORT", help="an MNS-style API already running")
+    parser.add_argument("--http-pid", type=int, help="its pid, for CPU")
+    parser.add_argument("--rocketmq", metavar="HOST:PORT", help="a RocketMQ 5 proxy running")
+    parser.add_argument("--rocketmq-pid", type=int, help="its pid, for CPU")
     parser.add_argument("--durability", choices=("sync", "async"), default="sync")
     parser.add_argument("--json", action="store_true", help="one JSON line per result")
     args = parser.parse_args()
