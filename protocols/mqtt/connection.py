@@ -30,7 +30,7 @@ from polymq.protocols.mqtt.mapping import (
     storage_topic,
 )
 from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
-from polymq.protocols.mqtt.outbound import QOS0_DROP_BYTES, Outbound
+from polymq.protocols.mqtt.outbound import Outbound
 from polymq.protocols.mqtt.quota import charge_packets, receive_maximum
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.topic_filter_index import (
@@ -226,12 +226,13 @@ class MqttConnection:
             keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
             loop = asyncio.get_running_loop()
             decoder, transport = self._decoder, self._transport
+            drop_bytes = self._services.options.qos0_drop_bytes
             while True:
                 self._admit_all(packets)
                 await self._handle(packets)
                 if self._quota is not None and charge_packets(self._quota, packets):
                     await self._quota.hold("mqtt", "produce", "requests")  # slow reads
-                if self._out.pending_bytes() > QOS0_DROP_BYTES:  # the client reads slowly
+                if self._out.pending_bytes() > drop_bytes:  # the client reads slowly
                     self._out.flush()
                     await transport.drain()
                 if keep_alive_s is not None:

@@ -24,3 +24,10 @@ class MqttOptions:
     # again) parks: its task ends until bytes come (protocols/mqtt/tcp_listener.py).
     # Not at once: a busy connection would pay a task per batch.
     park_after_s: float = 5.0
+    # How far behind (bytes written and not yet taken by its socket) an online
+    # subscriber may fall before its QoS 0 deliveries are dropped, as Mosquitto drops
+    # them past max_queued_messages (1000 packets by default, 2.0's
+    # db__ready_for_flight) and EMQX past max_mqueue_len (1000): at most once, and a
+    # client that reads slowly must not hold the server's memory. Counted in
+    # ``$SYS/broker/publish/messages/dropped`` (Mosquitto's name) and logged.
+    qos0_drop_bytes: int = 8 << 20

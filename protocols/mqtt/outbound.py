@@ -29,6 +29,7 @@ from polymq.protocols.mqtt.mapping import (
     published_qos,
 )
 from polymq.protocols.mqtt.model import POP_GROUP, Delivery, Session, SubOptions
+from polymq.protocols.mqtt.options import MqttOptions
 from polymq.protocols.mqtt.quota import PROTOCOL
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.topic_filter_index import SHARE_PREFIX
@@ -47,7 +48,7 @@ _RETRY_S = 0.5  # after a failed pop
 _LONG_POLL_MS = 10_000  # several gateways: how long one waiting pop waits
 _SHARED_BATCH = 4
 _BACKLOG_LIMIT = 10_000  # memory deliveries waiting for window room, per connection
-QOS0_DROP_BYTES = 8 << 20  # a subscriber this far behind loses QoS 0 messages
+QOS0_DROP_BYTES = MqttOptions().qos0_drop_bytes  # the default (options.py says why)
 
 Ack = codec.PubAck | codec.PubRec | codec.PubComp
 
@@ -66,6 +67,8 @@ class Outbound:
         "_broker",
         "_caller",
         "_clock",
+        "_drop_bytes",
+        "_dropping",
         "_flush_scheduled",
         "_inflight",
         "_next_pid",
@@ -80,6 +83,7 @@ class Outbound:
         "_transport",
         "active",
         "alias_max",
+        "dropped",
         "level",
         "max_packet",
         "window",
@@ -89,6 +93,9 @@ class Outbound:
         self._services = services
         self._transport = transport
         self._clock = services.clock
+        self._drop_bytes = services.options.qos0_drop_bytes
+        self._dropping = 0  # QoS 0 deliveries dropped since the last one sent
+        self.dropped = 0  # all this connection dropped (for tests and the curious)
         self.level = codec.LEVEL_311
         self.active = False  # delivering: between CONNACK and the connection's end
         self.window = services.config.receive_maximum
@@ -248,8 +255,11 @@ class Outbound:
             self._hold(delivery)
             return
         if delivery.qos == 0:
-            if self.pending_bytes() > QOS0_DROP_BYTES:
+            if self.pending_bytes() > self._drop_bytes:
+                self._drop()
                 return
+            if self._dropping:
+                self._dropped_until_now()
         elif len(self._inflight) >= self.window:
             if self._backlog is None:
                 self._backlog = deque()
@@ -269,6 +279,34 @@ class Outbound:
             self._services.metering.record_out(
                 self._caller.namespace, "mqtt", messages=1, nbytes=len(message.body)
             )
+
+    def _drop(self) -> None:
+        """A QoS 0 delivery the client is too far behind for: counted, and said once
+        per run of drops (as Mosquitto's "Outgoing messages are being dropped for
+        client"), so a subscriber's losses are visible, not only its slowness."""
+        self.dropped += 1
+        self._services.stats.dropped += 1
+        if not self._dropping:
+            log.warning(
+                "mqtt %s: outgoing QoS 0 messages are being dropped: the client is %d "
+                "bytes behind (more than %d)",
+                self._client_id(),
+                self.pending_bytes(),
+                self._drop_bytes,
+            )
+        self._dropping += 1
+
+    def _dropped_until_now(self) -> None:
+        """The client caught up: say how many the run of drops lost."""
+        log.warning(
+            "mqtt %s: %d outgoing QoS 0 messages dropped while the client read slowly",
+            self._client_id(),
+            self._dropping,
+        )
+        self._dropping = 0
+
+    def _client_id(self) -> str:
+        return self._session.client_id if self._session is not None else "-"
 
     def _send(
         self,

@@ -39,6 +39,7 @@ class Stats:
     started_ms: int
     connected: int = 0
     sent: int = 0
+    dropped: int = 0  # QoS 0 deliveries to subscribers too far behind (outbound.py)
 
 
 class BrokerRegistry:
@@ -181,6 +182,7 @@ class MqttServices:
             "$SYS/broker/clients/connected": str(self.stats.connected).encode(),
             "$SYS/broker/messages/received": str(received).encode(),
             "$SYS/broker/messages/sent": str(self.stats.sent).encode(),
+            "$SYS/broker/publish/messages/dropped": str(self.stats.dropped).encode(),
             "$SYS/broker/subscriptions/count": str(sum(len(b.index) for b in brokers)).encode(),
         }
 
