@@ -15,7 +15,7 @@ from polymq.protocols.amqp._state import ChannelState
 from polymq.protocols.amqp.errors import AmqpError, ConnectionError_
 from polymq.protocols.amqp.queues import QueueDef
 from polymq.storage.errors import ShardAway, StorageError, TopicNotFound
-from polymq.storage.model import StoredMessage
+from polymq.storage.model import QueueRef, StoredMessage
 
 if TYPE_CHECKING:
     from polymq.protocols.amqp.channel import Channel
@@ -72,6 +72,7 @@ class Consumer:
         self._busy = False  # fetching without waiting, or delivering: let it finish
         self._drained = False  # the last turn waited and took less than it asked for
         self.stream_offset: int | None = None  # set for consumers of stream queues
+        self._refs: tuple[QueueRef, ...] | None = None  # the queue's, once (not a view's)
         # Unique across gateways: the connection's key holds its gateway instance.
         self.id = f"{channel.conn.key}/{channel.number}/{tag}"
 
@@ -140,8 +141,11 @@ class Consumer:
         channel meanwhile (a global prefetch is shared by its consumers), but a long
         poll on an empty queue holds only one unit of it."""
         channel = self.channel
-        # Over the account's consume rate: deliver nothing more until it is paid off.
-        await channel.conn.quota.hold("amqp", "consume")
+        # Over the account's consume rate: deliver nothing more until it is paid off
+        # (asked first without a coroutine: the account rarely owes anything).
+        quota = channel.conn.quota
+        if quota.wait_ms("consume"):
+            await quota.hold("amqp", "consume")
         channel.reserved += credit
         try:
             asked = credit
@@ -167,7 +171,7 @@ class Consumer:
                 await channel.give_back(self.queue.group, messages)
             elif messages:
                 await channel.deliver(self, messages)
-                channel.conn.quota.consumed("amqp", sum(len(m.message.body) for m in messages))
+                quota.consumed("amqp", sum(len(m.message.body) for m in messages))
         finally:
             self._busy = False
             channel.reserved -= credit
@@ -190,7 +194,9 @@ class Consumer:
         queue = self.queue
         if queue.view_topic is not None:
             return await self._fetch_view(count, wait_ms)
-        refs = queue.refs(channel.conn.namespace)
+        refs = self._refs
+        if refs is None:  # a plain queue's storage queues never change: once per consumer
+            refs = self._refs = queue.refs(channel.conn.namespace)
         if self.stream_offset is None:
             # A hand-out is written, not waited on for its fsync (docs/performance.md):
             # no-ack deliveries are acked right after they are sent, and an acked
