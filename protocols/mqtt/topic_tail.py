@@ -31,6 +31,13 @@ _RETRY_S = 1.0
 _COMMIT_EVERY_S = 10.0  # the position, when only MQTT's own messages went by
 _READ_MAX = 256
 _SETTLE_S = 0.5  # at most this long for the router to say where its appends landed
+# Woken at the end of a queue by one of the router's own publishes: look again this
+# much later, not at the next one. At 1,000 publishes/s a wake per publish (storage's
+# long-poll: a future, a sleeper task and its timer, a read and a decode, then the
+# wait for the append to settle) was an eighth of the server's time for nothing; a
+# message from another protocol arriving while MQTT publishes to the same storage
+# topic flow may wait this long (docs/mqtt.md, "CPU per message").
+_OWN_PACE_S = 0.01
 TAIL_GROUP = "mqtt.tail"  # the consumer group whose offsets say how far tails got
 
 Route = Callable[[list[StoredMessage], bool], Awaitable[None]]
@@ -181,12 +188,17 @@ class TopicTail:
             self.messages_read += len(messages)
             if own is not None:
                 probe = result.next_offset >= result.offsets.latest
-                if limit == 1 and messages:
+                # One message, the first at the end (a probe, or a wait that one
+                # append ended): is it the router's own?
+                if messages and (limit == 1 or (probe and len(messages) == 1)):
                     await own.settled(own.issued, _SETTLE_S)
                     skipped, _ = own.skip(queue, offset)
                     if skipped > offset:  # the message read is the router's own
                         offset = skipped
                         probe = skipped >= result.offsets.latest
+                        if probe:  # MQTT publishes flow: not a wake for each of them
+                            await asyncio.sleep(_OWN_PACE_S)
+                            probe = False  # behind now, most likely by own publishes
                         continue
             keep = self._keep
             foreign = [m for m in messages if keep(m)]

@@ -7,7 +7,10 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import pytest
+
 from polymq.gateway.processor import Caller
+from polymq.protocols.mqtt import topic_tail
 from polymq.protocols.mqtt.own_appends import OwnAppends
 from polymq.protocols.mqtt.services import serving
 from polymq.storage.model import AppendRequest, Message, QueueRef
@@ -49,7 +52,7 @@ def test_settled_waits_for_appends_begun_before() -> None:
     asyncio.run(run())
 
 
-def _append_foreign(server: LiveServer, bodies: list[bytes]) -> None:
+def _append_foreign(server: LiveServer, bodies: list[bytes], queue: QueueRef = QUEUE) -> None:
     """As another protocol stores: no ``mqtt.topic`` property."""
 
     async def append() -> None:
@@ -57,18 +60,18 @@ def _append_foreign(server: LiveServer, bodies: list[bytes]) -> None:
         assert services is not None
         broker = await services.brokers.get("default")
         caller = Caller(principal=broker.caller.principal, namespace="default", protocol="kafka")
-        requests = [AppendRequest(entry=Message(body=b), queues=(QUEUE,)) for b in bodies]
+        requests = [AppendRequest(entry=Message(body=b), queues=(queue,)) for b in bodies]
         await server.gateway.processor.append(caller, requests)
 
     server.call(append)
 
 
-def _tail_read(server: LiveServer) -> int:
+def _tail_read(server: LiveServer, topic: str = "mix") -> int:
     async def read() -> int:
         services = serving(server.gateway.processor)
         assert services is not None
         broker = await services.brokers.get("default")
-        return broker.tail_messages_read("mix")
+        return broker.tail_messages_read(topic)
 
     return server.call(read)
 
@@ -97,3 +100,27 @@ def test_foreign_messages_between_own_publishes_arrive_and_own_ones_are_skipped(
         # Each wait of the tail reads one message; a run of own publishes is skipped.
         read = _tail_read(server)
         assert read < own_count // 2, f"the tail read {read} of {own_count} own publishes"
+
+
+def test_a_steady_publisher_does_not_wake_the_tail_for_each_publish(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """One publish at a time (each its own append, as at everyday rates): the tail,
+    woken by one of them, looks again only after its pace, and a message from another
+    protocol still arrives. The pace is made long here so that how fast the machine
+    publishes does not matter: 40 publishes take far less than 40 paces."""
+    monkeypatch.setattr(topic_tail, "_OWN_PACE_S", 0.5)
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        pub = Paho(port).connect()
+        pub.publish("pace/start", b"s", qos=1)  # the storage topic exists before the tail
+        sub = Paho(port).connect()
+        sub.subscribe("pace/#", qos=1)
+        count = 40
+        for i in range(count):
+            pub.publish("pace/a", b"m%d" % i, qos=1)  # waits for its PUBACK
+        _append_foreign(server, [b"f"], QueueRef("default", "pace", 0))
+        got = [m.payload for m in sub.wait_messages(count + 1)]
+        assert got == [b"m%d" % i for i in range(count)] + [b"f"]
+        read = _tail_read(server, "pace")
+        assert read <= count // 4, f"the tail read {read} of {count} publishes made one by one"
