@@ -152,17 +152,20 @@ class TopicTail:
         With ``own``, a wait at the end of the queue reads one message; once the
         router's appends begun by then have said where they landed (before any read
         that does not wait, too), the tail jumps over the router's own publishes and
-        reads only up to the next of them (own_appends.py)."""
+        reads only up to the next of them (own_appends.py). Woken so by one of them,
+        it looks again only ``_OWN_PACE_S`` later, one message at a time while what
+        it reads is the router's own (appends still in flight when it looked)."""
         own = self._own
         committed, committed_at = offset, time.monotonic()
         probe = True  # at the end: the next read waits
+        chasing = False  # the last read was all the router's own: what follows may be
         while self._wanted():
             limit = _READ_MAX
             if own is not None:
                 if not probe:  # behind: first learn where the appends in flight land
                     await own.settled(own.issued, _SETTLE_S)
                 offset, next_own = own.skip(queue, offset)
-                if probe:
+                if probe or chasing:
                     limit = 1
                 elif next_own is not None:
                     limit = max(1, min(limit, next_own - offset))
@@ -188,18 +191,19 @@ class TopicTail:
             self.messages_read += len(messages)
             if own is not None:
                 probe = result.next_offset >= result.offsets.latest
-                # One message, the first at the end (a probe, or a wait that one
-                # append ended): is it the router's own?
-                if messages and (limit == 1 or (probe and len(messages) == 1)):
+                # What a probe read, or a read that reached the end (woken there by
+                # an append, or catching up with appends in flight): the router's own?
+                if messages and (limit == 1 or probe):
                     await own.settled(own.issued, _SETTLE_S)
                     skipped, _ = own.skip(queue, offset)
-                    if skipped > offset:  # the message read is the router's own
-                        offset = skipped
+                    if skipped >= result.next_offset:  # all it read is the router's own
+                        offset, chasing = skipped, True
                         probe = skipped >= result.offsets.latest
                         if probe:  # MQTT publishes flow: not a wake for each of them
                             await asyncio.sleep(_OWN_PACE_S)
                             probe = False  # behind now, most likely by own publishes
                         continue
+                chasing = False
             keep = self._keep
             foreign = [m for m in messages if keep(m)]
             offset = result.next_offset

@@ -124,3 +124,22 @@ def test_a_steady_publisher_does_not_wake_the_tail_for_each_publish(
         assert got == [b"m%d" % i for i in range(count)] + [b"f"]
         read = _tail_read(server, "pace")
         assert read <= count // 4, f"the tail read {read} of {count} publishes made one by one"
+
+
+def test_a_flood_of_publishes_in_flight_is_not_read_back(tmp_path: Path) -> None:
+    """Publishes stored but not yet answered when the tail looks are the router's own
+    too: once it found one of them, it reads one message at a time (each then skipped
+    with all that settled meanwhile), not a batch of them to drop."""
+    with mqtt_server(tmp_path) as server:
+        port = server.port("mqtt")
+        pub = Paho(port).connect()
+        pub.publish("flood/start", b"s", qos=1)  # the storage topic exists before the tail
+        sub = Paho(port).connect()
+        sub.subscribe("flood/#", qos=0)
+        count = 2000
+        for i in range(count):
+            pub.client.publish("flood/a", b"m%d" % i, qos=0)
+        got = sub.wait_messages(count)
+        assert [m.payload for m in got] == [b"m%d" % i for i in range(count)]
+        read = _tail_read(server, "flood")
+        assert read <= count // 10, f"the tail read {read} of {count} publishes"
