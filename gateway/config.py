@@ -170,6 +170,9 @@ class StorageConfig:
     data_dir: Path = Path("./data")
     durability: DurabilityMode = "sync"
     flush_interval_ms: int = 1000
+    # A durable message is readable once written; its append's answer waits for the
+    # fsync (docs/performance.md). False: readable only once fsynced.
+    visible_before_fsync: bool = True
     segment_bytes: int = 128 << 20
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int | None = None
@@ -455,6 +458,7 @@ def engine_config(config: GatewayConfig) -> EngineConfig:
         data_dir=s.data_dir,
         durability=Durability(s.durability),
         flush_interval_ms=s.flush_interval_ms,
+        visible_before_fsync=s.visible_before_fsync,
         segment_bytes=s.segment_bytes,
         retention_ms=s.retention_ms,
         retention_bytes=s.retention_bytes,

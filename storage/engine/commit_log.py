@@ -21,6 +21,14 @@ needs one or by a timer ``flush_interval_ms`` later. The log stays a prefix: an 
 covers every byte written before it, so a crash of the machine can only take back a
 tail of records nobody was promised durability for, and a crash of the process none.
 
+With ``visible_before_fsync`` (the default) a durable record is reported once written
+too: its callbacks run (a consumer may get the message) while its fsync runs, and only
+:meth:`wait_durable` - the publisher's confirm, the producer's answer - waits for the
+fsync, as RabbitMQ's classic queues do. The fsync's latency and its stalls then leave
+the consumer's path. A power loss may take back a message a consumer already got,
+but only with everything after it in the log (its hand-out and ack records), and never
+one whose append was answered. Off, a durable record is reported once fsynced.
+
 Recovery scans from a known-good position and cuts the log at the first record whose
 frame or CRC is wrong: a torn tail from a crash is removed, never surfaced.
 """
@@ -96,8 +104,13 @@ class CommitLog:
         segment_bytes: int,
         durability: Durability,
         flush_interval_ms: int,
+        visible_before_fsync: bool = True,
     ) -> None:
         self._dir = directory
+        # Durable records reported (readable) once written, not once fsynced.
+        self._visible_before_fsync = visible_before_fsync
+        # Durable groups reported before their fsync: (end, since), for stats.commit.
+        self._awaiting_fsync: deque[tuple[int, float]] = deque()
         self._segment_bytes = segment_bytes
         self._durability = durability
         self._flush_interval_ms = flush_interval_ms
@@ -297,9 +310,10 @@ class CommitLog:
     ) -> int:
         """Queue one record; return its position. ``on_durable`` runs (on the loop, in
         log order) once the record is durable, before any waiter is woken; for a record
-        reserved with ``durable=False``, once it is written and every record before it
-        was reported (it is fsynced with the next durable group or within
-        ``flush_interval_ms``)."""
+        reserved with ``durable=False``, or for any record when the log was opened with
+        ``visible_before_fsync``, once it is written and every record before it was
+        reported (it is fsynced with the next durable group or within
+        ``flush_interval_ms``; a durable record's waiters still wait for that fsync)."""
         if self._failure is not None:
             raise self._failure
         if self._closed:
@@ -442,7 +456,12 @@ class CommitLog:
         # Records nobody waits to be fsynced: written now, fsynced later.
         fsync = durable or self._sync_due
         if batch:
-            self._unreported.append(_Group(end, batch, fsync, since))
+            if fsync and self._visible_before_fsync:
+                # Readable now; wait_durable still waits for the fsync asked below.
+                self._unreported.append(_Group(end, batch, False, since))
+                self._awaiting_fsync.append((end, since))
+            else:
+                self._unreported.append(_Group(end, batch, fsync, since))
         if fsync:
             self._request_sync(end)
         elif self._sync_timer is None and end > self._requested_end:
@@ -477,10 +496,19 @@ class CommitLog:
         self._synced_generation = generation
         if self._durability is Durability.SYNC and end > self._durable_end:
             self._durable_end = end
+            if self._awaiting_fsync:
+                self._observe_commits(end)
             self._report()  # callbacks first: a waiter woken sees its records
             self._wake_waiters()
         if self._generation_waiters:
             self._generation_waiters = _wake(self._generation_waiters, generation)
+
+    def _observe_commits(self, durable_end: int) -> None:
+        """Durable groups reported before their fsync: their commit time ends now."""
+        awaiting = self._awaiting_fsync
+        now = time.perf_counter()
+        while awaiting and awaiting[0][0] <= durable_end:
+            self.stats.commit.observe(now - awaiting.popleft()[1])
 
     def _report(self) -> None:
         """Run the callbacks of the written groups that may be reported, in log

@@ -19,6 +19,9 @@ class EngineConfig:
     data_dir: Path
     durability: Durability = Durability.SYNC
     flush_interval_ms: int = 1000
+    # A durable message is readable once written; only its append's answer waits for
+    # the fsync (CommitLog's docstring). False: readable once fsynced.
+    visible_before_fsync: bool = True
     segment_bytes: int = 128 << 20
     retention_ms: int = 7 * 24 * 3600 * 1000
     retention_bytes: int | None = None

@@ -49,6 +49,7 @@ class EngineCore:
                 segment_bytes=config.segment_bytes,
                 durability=config.durability,
                 flush_interval_ms=config.flush_interval_ms,
+                visible_before_fsync=config.visible_before_fsync,
             )
         )
         self.state = EngineState(dedup_window_ms=config.dedup_window_ms, clock=clock)

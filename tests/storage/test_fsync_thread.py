@@ -47,12 +47,13 @@ class HeldFsync:
 
 
 @contextlib.asynccontextmanager
-async def _log(tmp_path: Path) -> AsyncIterator[CommitLog]:
+async def _log(tmp_path: Path, *, visible_before_fsync: bool = True) -> AsyncIterator[CommitLog]:
     log = CommitLog(
         tmp_path / "log",
         segment_bytes=1 << 20,
         durability=Durability.SYNC,
         flush_interval_ms=600_000,  # no timer's fsync within a test
+        visible_before_fsync=visible_before_fsync,
     )
     log.open()
     for _ in log.recover(0):
@@ -71,7 +72,8 @@ def _note(order: list[str], name: str) -> Callable[[], None]:
 async def test_a_durable_record_is_reported_only_after_its_fsync(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    async with _log(tmp_path) as log:
+    """With ``visible_before_fsync`` off."""
+    async with _log(tmp_path, visible_before_fsync=False) as log:
         fsync = HeldFsync(monkeypatch)
         order: list[str] = []
         log.reserve(b"d", _note(order, "d"))
@@ -90,8 +92,9 @@ async def test_written_only_records_are_written_while_an_fsync_runs(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A hand-out or an ack (written only) does not wait behind a publish's fsync;
-    its callback still runs after the durable record's before it (log order)."""
-    async with _log(tmp_path) as log:
+    its callback still runs after the durable record's before it (log order), which
+    with ``visible_before_fsync`` off waits for that fsync."""
+    async with _log(tmp_path, visible_before_fsync=False) as log:
         fsync = HeldFsync(monkeypatch)
         order: list[str] = []
         log.reserve(b"durable", _note(order, "durable"))
@@ -104,6 +107,31 @@ async def test_written_only_records_are_written_while_an_fsync_runs(
         fsync.released.set()
         await asyncio.wait_for(reported, WAIT_S)
         assert order == ["durable", "hand-out"]
+
+
+async def test_a_durable_record_is_visible_before_its_fsync(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``visible_before_fsync`` (the default): a durable record's callback (what
+    makes a message readable) and a written-only record's after it run while the
+    fsync is held, in log order; only the durable waiter waits for the fsync."""
+    async with _log(tmp_path) as log:
+        fsync = HeldFsync(monkeypatch)
+        order: list[str] = []
+        log.reserve(b"d", _note(order, "d"))
+        end = log.end
+        durable = asyncio.create_task(log.wait_durable(end))
+        await fsync.wait_entered()
+        log.reserve(b"hand-out", _note(order, "hand-out"), durable=False)
+        await asyncio.wait_for(log.wait_reported(), WAIT_S)  # while the fsync is held
+        assert order == ["d", "hand-out"]
+        await asyncio.sleep(0)
+        assert not durable.done() and log.durable_end < end
+        assert log.stats.commit.snapshot().count == 0  # a commit ends at its fsync
+        fsync.released.set()
+        await asyncio.wait_for(durable, WAIT_S)
+        assert log.durable_end >= end
+        assert log.stats.commit.snapshot().count == 1
 
 
 async def test_what_is_asked_during_an_fsync_shares_the_next_one(
