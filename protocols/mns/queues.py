@@ -121,9 +121,9 @@ class QueueService:
         self._max_message_bytes = max_message_bytes
         self._reclaimer = Reclaimer(processor, every=reclaim_every)
         self._attributes: dict[tuple[str, str], tuple[Any, QueueAttributes]] = {}
-        # Set when an unprioritised queue grows its levels: its long polls (on its one
-        # storage queue) start over on all of them.
-        self._growth: dict[tuple[str, str], asyncio.Event] = {}
+        # The long polls on an unprioritised queue's one storage queue, cancelled when
+        # it grows its levels: they start over on all of them.
+        self._growth: dict[tuple[str, str], set[asyncio.Future[list[StoredMessage]]]] = {}
 
     def _now(self) -> int:
         return self._processor.clock.now_ms()
@@ -284,9 +284,8 @@ class QueueService:
         ):
             config = replace(info.config, queue_count=LEVELS)
             levels = levels_of(await self._processor.alter_topic(caller, name, config))
-            grown = self._growth.pop((caller.namespace, name), None)
-            if grown is not None:
-                grown.set()
+            for waiting in self._growth.pop((caller.namespace, name), ()):
+                waiting.cancel()
         return levels
 
     def _check_message(self, attrs: QueueAttributes, document: Any) -> Outgoing | MnsError:
@@ -384,17 +383,23 @@ class QueueService:
         )
         if wait_ms == 0:
             return await popping
-        grown = self._growth.setdefault((caller.namespace, name), asyncio.Event())
+        # One task, cancelled by the growth itself: not a second task waiting on an
+        # event beside it and a wait over both, which every receive paid for (two
+        # tasks, their cancellation and loop iterations per long poll).
+        key = (caller.namespace, name)
         pop = asyncio.ensure_future(popping)
-        growth = asyncio.ensure_future(grown.wait())
+        waiting = self._growth.setdefault(key, set())
+        waiting.add(pop)
         try:
-            await asyncio.wait((pop, growth), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((pop,))
+        except BaseException:  # our own cancellation
+            pop.cancel()
+            await asyncio.wait((pop,))
+            raise
         finally:
-            growth.cancel()
-            if not pop.done():
-                pop.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await pop
+            waiting.discard(pop)
+            if not waiting and self._growth.get(key) is waiting:
+                del self._growth[key]
         return None if pop.cancelled() else pop.result()
 
     async def _pop_by_priority(
