@@ -71,6 +71,7 @@ class Outbound:
         "_dropping",
         "_flush_scheduled",
         "_inflight",
+        "_loop",
         "_next_pid",
         "_out",
         "_pump_task",
@@ -93,6 +94,8 @@ class Outbound:
         self._services = services
         self._transport = transport
         self._clock = services.clock
+        # (asyncio.get_running_loop() is a system call each time: kept for the flushes)
+        self._loop = asyncio.get_running_loop()
         self._drop_bytes = services.options.qos0_drop_bytes
         self._dropping = 0  # QoS 0 deliveries dropped since the last one sent
         self.dropped = 0  # all this connection dropped (for tests and the curious)
@@ -351,7 +354,7 @@ class Outbound:
         self._out += data
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
         return True
 
     def _send_v3(
@@ -380,7 +383,7 @@ class Outbound:
         self._out += data
         if not self._flush_scheduled:
             self._flush_scheduled = True
-            asyncio.get_running_loop().call_soon(self.flush)
+            self._loop.call_soon(self.flush)
         return True
 
     def _owes(self) -> bool:

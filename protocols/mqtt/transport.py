@@ -73,10 +73,22 @@ class TcpTransport(asyncio.Protocol):
     ``READ_BYTES``; past that reading pauses, so the peer is held back by TCP rather
     than by our memory (as StreamReader's limit did)."""
 
-    __slots__ = ("_buffer", "_closed", "_drained", "_eof", "_paused", "_transport", "_waiter")
+    __slots__ = (
+        "_buffer",
+        "_closed",
+        "_drained",
+        "_eof",
+        "_loop",
+        "_paused",
+        "_transport",
+        "_waiter",
+    )
 
     def __init__(self) -> None:
         self._transport: asyncio.Transport | None = None
+        # Kept: asyncio.get_running_loop() is a getpid() system call each time (CPython
+        # checks for a fork), and a read asks for a future per batch of packets.
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._buffer = b""
         self._eof = False
         self._paused = False  # reading paused: the buffer is full
@@ -89,6 +101,7 @@ class TcpTransport(asyncio.Protocol):
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # (uvloop's TCP transports have every method but do not subclass Transport)
         self._transport = cast(asyncio.Transport, transport)
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         self._buffer = self._buffer + data if self._buffer else data
@@ -144,7 +157,8 @@ class TcpTransport(asyncio.Protocol):
 
     def read(self) -> Awaitable[bytes]:
         # A future, not a coroutine: no frame per (mostly idle) connection.
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        loop = self._loop or asyncio.get_running_loop()
+        future: asyncio.Future[bytes] = loop.create_future()
         if self._buffer or self._eof:
             future.set_result(self._take())
         else:
