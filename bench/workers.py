@@ -19,7 +19,10 @@ allows) run one case for ``--seconds``, and reads:
 
 ``--workers 1`` is today's single process (no RPC hop); 2 and more are the parent's
 engine behind the storage RPC. Rounds alternate the worker counts (1, 2, N, 1, 2, N,
-...) and the medians of ``--rounds`` are printed. Cases:
+...) and the medians of ``--rounds`` are printed. ``--merge-appends both`` runs each
+count above 1 twice per round, with the workers' appends sent one call each (``off``:
+the storage RPC as it was, through ``bench/_unmerged``) and merged while one is out
+(``on``, the default: ``storage/remote_appends.py``), side by side. Cases:
 
 - ``mns``: MNS SendMessage over HTTP/1.1 keep-alive (one connection per client);
 - ``amqp``: pika publishing to a queue with a confirm per message (one connection
@@ -59,6 +62,7 @@ __all__ = ["main"]
 _LISTENERS = ("kafka", "amqp", "mqtt", "mqtt_ws", "rocketmq", "http")
 _READY_TIMEOUT_S = 120.0
 _BODY = "x" * 100
+_UNMERGED = Path(__file__).resolve().parent / "_unmerged"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +74,7 @@ class Result:
     server_cpu_s: float
     parent_cpu_s: float  # the parent alone: with workers, the engine and its RPC
     client_cpu_s: float
+    merge_appends: bool = True
 
     @property
     def rate(self) -> float:
@@ -93,8 +98,12 @@ class Result:
 
 
 @contextlib.contextmanager
-def server(workers: int, durability: str) -> Iterator[tuple[psutil.Process, dict[str, int]]]:
-    """``polymq run --workers W`` on free ports until the block ends (SIGTERM)."""
+def server(
+    workers: int, durability: str, merge_appends: bool = True
+) -> Iterator[tuple[psutil.Process, dict[str, int]]]:
+    """``polymq run --workers W`` on free ports until the block ends (SIGTERM).
+    ``merge_appends=False``: every process of it starts with ``bench/_unmerged`` first
+    on its path, whose ``sitecustomize`` turns the merging of appends off."""
     ports = dict(zip(_LISTENERS, free_ports(len(_LISTENERS)), strict=True))
     with tempfile.TemporaryDirectory(prefix="polymq-workers-bench-") as tmp:
         argv = [sys.executable, "-m", "polymq.gateway", "run", "--workers", str(workers)]
@@ -102,6 +111,10 @@ def server(workers: int, durability: str) -> Iterator[tuple[psutil.Process, dict
         for name, port in ports.items():
             argv += [f"--{name.replace('_', '-')}-port", str(port)]
         env = {k: v for k, v in os.environ.items() if not k.startswith("POLYMQ_")}
+        if not merge_appends:
+            env["PYTHONPATH"] = os.pathsep.join(
+                p for p in (str(_UNMERGED), env.get("PYTHONPATH", "")) if p
+            )
         log_path = Path(tmp) / "server.log"
         with open(log_path, "w") as log:
             process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -255,8 +268,15 @@ def _prepare(case: str, ports: dict[str, int], target: str) -> None:
             future.result(60)
 
 
-def run_case(workers: int, case: str, clients: int, seconds: float, durability: str) -> Result:
-    with server(workers, durability) as (parent, ports):
+def run_case(
+    workers: int,
+    case: str,
+    clients: int,
+    seconds: float,
+    durability: str,
+    merge_appends: bool = True,
+) -> Result:
+    with server(workers, durability, merge_appends) as (parent, ports):
         target = f"bench-{case}"
         _prepare(case, ports, target)
         context = multiprocessing.get_context("spawn")
@@ -295,6 +315,7 @@ def run_case(workers: int, case: str, clients: int, seconds: float, durability: 
             cpu_after - cpu_before,
             parent_after - parent_before,
             client_cpu,
+            merge_appends,
         )
 
 
@@ -310,19 +331,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=8.0, help="window per round [8]")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, medians printed [3]")
     parser.add_argument("--durability", choices=("sync", "async"), default="async")
+    parser.add_argument(
+        "--merge-appends",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the workers' appends merged while one is out (storage/remote_appends.py) [on]",
+    )
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     args = parser.parse_args(argv)
     counts = sorted({int(w) for w in args.workers.split(",")})
     cases = [c for c in args.cases.split(",") if c]
+    merges = {"on": (True,), "off": (False,), "both": (False, True)}[args.merge_appends]
+    # (workers, merged): one process has no storage RPC, so nothing to merge
+    setups = [(w, m) for w in counts for m in ((True,) if w == 1 else merges)]
     results: list[Result] = []
     for case in cases:
         for round_ in range(args.rounds):
-            for workers in counts:  # alternating: 1, 2, N, 1, 2, N, ...
-                result = run_case(workers, case, args.clients, args.seconds, args.durability)
+            for workers, merge in setups:  # alternating: 1, 2, N, 1, 2, N, ...
+                result = run_case(workers, case, args.clients, args.seconds, args.durability, merge)
                 results.append(result)
                 print(
-                    f"  {case} round {round_ + 1} workers {workers}: {result.rate:,.0f} msgs/s, "
-                    f"{result.cpu_us:,.0f} us server CPU/msg, machine {result.machine_busy:.0%}",
+                    f"  {case} round {round_ + 1} workers {workers}"
+                    f"{'' if workers == 1 else ' merged' if merge else ' unmerged'}: "
+                    f"{result.rate:,.0f} msgs/s, {result.cpu_us:,.0f} us server CPU/msg, "
+                    f"of which the parent {result.parent_us:,.0f}, "
+                    f"machine {result.machine_busy:.0%}",
                     file=sys.stderr,
                     flush=True,
                 )
@@ -331,18 +364,23 @@ def main(argv: list[str] | None = None) -> int:
         f"windows, durability {args.durability}, medians of {args.rounds}\n"
     )
     print(
-        "| case | workers | msgs/s | x 1 worker | server CPU us/msg | of which the parent "
-        "| client CPU s | machine busy |"
+        "| case | workers | appends merged | msgs/s | x 1 worker | server CPU us/msg "
+        "| of which the parent | client CPU s | machine busy |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|")
     for case in cases:
         base = None
-        for workers in counts:
-            rows = [r for r in results if r.case == case and r.workers == workers]
+        for workers, merge in setups:
+            rows = [
+                r
+                for r in results
+                if r.case == case and r.workers == workers and r.merge_appends == merge
+            ]
             rate = statistics.median(r.rate for r in rows)
             base = base or rate
+            merged = "-" if workers == 1 else "yes" if merge else "no"
             print(
-                f"| {case} | {workers} | {rate:,.0f} | {rate / base:.2f} | "
+                f"| {case} | {workers} | {merged} | {rate:,.0f} | {rate / base:.2f} | "
                 f"{statistics.median(r.cpu_us for r in rows):,.0f} | "
                 f"{statistics.median(r.parent_us for r in rows):,.0f} | "
                 f"{statistics.median(r.client_cpu_s for r in rows):.1f} | "
@@ -355,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "case": r.case,
                         "workers": r.workers,
+                        "merge_appends": r.merge_appends,
                         "msgs": r.msgs,
                         "seconds": r.seconds,
                         "msgs_per_s": r.rate,

@@ -4,8 +4,10 @@
 Every method forwards as is, over one pipelined connection: concurrent calls share
 it, a long poll holds up nothing behind it, and cancelling a call (a pop whose
 consumer went away) cancels it on the node, where the engine gives any handed-out
-messages back. A node that cannot be reached raises ``StorageUnavailable``; the next
-call tries again.
+messages back. Appends made in one loop iteration go as one call
+(:mod:`storage.remote_appends`): each call costs both processes about as much CPU as
+the engine's work on a message. A node that cannot be reached raises
+``StorageUnavailable``; the next call tries again.
 """
 
 from __future__ import annotations
@@ -31,10 +33,14 @@ from polymq.storage.model import (
     TopicConfig,
     TopicInfo,
 )
+from polymq.storage.remote_appends import AppendBatcher
 from polymq.storage.routes import NodeHeartbeat
 from polymq.storage.rpc import RpcClient
 
-__all__ = ["RemoteStorage"]
+__all__ = ["MERGE_APPENDS", "RemoteStorage"]
+
+# Appends made in one loop iteration sent as one call (storage/remote_appends.py).
+MERGE_APPENDS = True
 
 
 class RemoteStorage:
@@ -48,9 +54,14 @@ class RemoteStorage:
         *,
         connect_timeout: float = 5.0,
         ssl: SSLContext | None = None,
+        merge_appends: bool | None = None,
     ) -> None:
         # ``ssl``: TLS to the node (``[tls] internal``), mutual with a client certificate.
         self._rpc = RpcClient(host, port, connect_timeout=connect_timeout, ssl=ssl)
+        # ``merge_appends``: False sends every append as its own call (default:
+        # MERGE_APPENDS), for side-by-side figures (bench/workers.py --merge-appends).
+        merge = MERGE_APPENDS if merge_appends is None else merge_appends
+        self.appends = AppendBatcher(self._send_append) if merge else None
 
     @property
     def target(self) -> str:
@@ -137,7 +148,12 @@ class RemoteStorage:
     # -- append --------------------------------------------------------------------
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        return cast(list[AppendResult], await self._rpc.call("append", list(requests)))
+        if self.appends is None:
+            return await self._send_append(list(requests))
+        return await self.appends.append(requests)
+
+    async def _send_append(self, requests: list[AppendRequest]) -> list[AppendResult]:
+        return cast(list[AppendResult], await self._rpc.call("append", requests))
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
         return cast(bool, await self._rpc.call("cancel_delayed", namespace, message_id))
