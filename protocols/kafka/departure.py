@@ -38,47 +38,53 @@ class PeerWatch:
     Made before the connection's first read, so no end of stream goes unseen."""
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
-        self._gone = asyncio.Event()
+        self._gone = False
+        # The handler running under ``unless_gone``, cancelled when the peer leaves.
+        self._waiting: asyncio.Future[Any] | None = None
         if reader.at_eof() or reader.exception() is not None:
-            self._gone.set()
+            self._gone = True
         feed_eof, set_exception = reader.feed_eof, reader.set_exception
 
         def on_eof() -> None:
             feed_eof()
-            self._gone.set()
+            self._left()
 
         def on_error(exc: Exception) -> None:
             set_exception(exc)
-            self._gone.set()
+            self._left()
 
         reader.feed_eof = on_eof  # type: ignore[method-assign]
         reader.set_exception = on_error  # type: ignore[method-assign]
 
+    def _left(self) -> None:
+        self._gone = True
+        if self._waiting is not None:
+            self._waiting.cancel()
+
     @property
     def gone(self) -> bool:
-        return self._gone.is_set()
+        return self._gone
 
     async def unless_gone(self, handling: Coroutine[Any, Any, _T]) -> tuple[bool, _T | None]:
         """Run ``handling`` until it finishes or the peer leaves, whichever comes first
-        (then ``handling`` is cancelled): whether the peer left, and the result."""
-        if self.gone:
+        (then ``handling`` is cancelled): whether the peer left, and the result.
+
+        The leaving cancels the handler's task directly: no second task waiting on an
+        event beside it (every fetch comes here, so at an everyday rate that task, the
+        wait over both and its cancellation were a task and loop iterations per record)."""
+        if self._gone:
             handling.close()
             return True, None
         task = asyncio.ensure_future(handling)
-        gone = asyncio.ensure_future(self._gone.wait())
+        self._waiting = task
         try:
-            await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((task,))
         except BaseException:  # our own cancellation (a kick, the listener stopping)
             task.cancel()
-            gone.cancel()
-            await asyncio.wait((task, gone))
+            await asyncio.wait((task,))
             raise
-        gone.cancel()
-        if task.done():
-            return False, task.result()
-        task.cancel()
-        await asyncio.wait((task,))
-        failure = None if task.cancelled() else task.exception()
-        if failure is not None:
-            raise failure  # a handler's own bug, not the peer's leaving
-        return True, None
+        finally:
+            self._waiting = None
+        if task.cancelled() and self._gone:
+            return True, None
+        return False, task.result()  # a handler's own failure raises here
