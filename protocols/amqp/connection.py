@@ -53,6 +53,9 @@ _CLOSE_OK_TIMEOUT_S: Final = 1.0
 _MIN_FRAME_MAX: Final = 4096  # spec: frame-min-size
 _BLOCKED_AFTER_S: Final = 1.0
 _READ_SIZE: Final = 1 << 16
+# A read's watch timer may fire this much before the read's limit (timer granularity)
+# and still end it.
+_WATCH_SLACK_S: Final = 0.001
 
 SERVER_CAPABILITIES: Final = {
     "publisher_confirms": True,
@@ -135,6 +138,11 @@ class AmqpConnection:
         self._reading: asyncio.Task[Any] | None = None
         self._read_interrupted = False
         self._loop_task: asyncio.Task[Any] | None = None  # the frame loop's, once known
+        # The limit of the read under way (loop time; None: none), the timer that
+        # keeps it, and whether that timer cancelled the read.
+        self._read_deadline: float | None = None
+        self._watch: asyncio.TimerHandle | None = None
+        self._read_expired = False
         self._blocked_capable = False
         # The account's quota as last looked up, and for which quotas and principal.
         self._quota: AccountQuota | None = None
@@ -227,7 +235,8 @@ class AmqpConnection:
         reading = self._reading
         if reading is not None and not self._read_interrupted:
             self._read_interrupted = True
-            reading.cancel()
+            if not self._read_expired:  # else cancelled already, by the watch
+                reading.cancel()
 
     def fail_channel(self, channel: Channel, error: AmqpError) -> None:
         """A soft error: channel.close; its unacked messages go back now."""
@@ -418,10 +427,12 @@ class AmqpConnection:
 
     async def _read(self) -> bytes:
         """The next bytes from the peer (b"" once it hung up). Waits in the frame
-        loop's own task, under ``asyncio.timeout``: no task and no closing waiter per
-        read (they were a good part of a message's CPU at everyday rates). A
-        ``fail`` from another task meanwhile cancels the read (see ``fail``); the
-        bytes not read stay in the stream for ``_await_close_ok``."""
+        loop's own task: no task and no closing waiter per read (they were a good part
+        of a message's CPU at everyday rates). A ``fail`` from another task meanwhile
+        cancels the read (see ``fail``); the bytes not read stay in the stream for
+        ``_await_close_ok``. The read's time limit (heartbeats, handshake, a frame
+        begun) is kept by the connection's watch timer (``_watch_read``), not by an
+        ``asyncio.timeout`` armed and cancelled around every read."""
         if self._closing.is_set():
             await self._await_close_ok()
             raise _Closed
@@ -431,32 +442,63 @@ class AmqpConnection:
             task = self._loop_task = asyncio.current_task()
             assert task is not None
         self._reading = task
+        if timeout is not None:
+            self._watch_read(timeout)
         try:
-            if timeout is None:  # no heartbeat and no frame begun: no timer to arm
-                return await self._reader.read(_READ_SIZE)
-            async with asyncio.timeout(timeout):
-                return await self._reader.read(_READ_SIZE)
+            return await self._reader.read(_READ_SIZE)
         except ConnectionError:
             return b""  # reset by the peer: as a hang-up
         except asyncio.CancelledError:
-            if not self._read_interrupted:
+            interrupted, expired = self._read_interrupted, self._read_expired
+            if not (interrupted or expired):
                 raise
-            task.uncancel()
-        except TimeoutError:
-            if for_frame:
-                raise _FrameTimeout from None
-            if self._state is ConnectionState.OPEN:
-                log.info("amqp: missed heartbeats, closing connection %s", self.key)
-            else:
-                log.info(
-                    "amqp: no handshake within %.1f s, closing %s", self._handshake_s, self.key
-                )
-            raise _Closed from None
+            self._read_expired = False
+            if task.uncancel() > 0:
+                raise  # cancelled from outside as well (the server stopping)
+            if expired and not interrupted:
+                if for_frame:
+                    raise _FrameTimeout from None
+                if self._state is ConnectionState.OPEN:
+                    log.info("amqp: missed heartbeats, closing connection %s", self.key)
+                else:
+                    log.info(
+                        "amqp: no handshake within %.1f s, closing %s", self._handshake_s, self.key
+                    )
+                raise _Closed from None
         finally:
             self._reading = None
+            self._read_deadline = None
         # ``fail`` interrupted the read: closing, as the close-ok wait says.
         await self._await_close_ok()
         raise _Closed
+
+    def _watch_read(self, timeout: float) -> None:
+        """Limit the read starting now to ``timeout`` seconds. One timer serves many
+        reads: it is re-armed only when this read's limit comes before it; when it
+        fires for a read with time left (or between reads) it is armed again for that
+        read's limit, or not at all. With heartbeats (60 s by default) a read used to
+        arm and cancel a timer of its own, twice a message at everyday rates."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        self._read_deadline = deadline
+        watch = self._watch
+        if watch is not None:
+            if watch.when() <= deadline:
+                return  # fires first, then looks at this read's limit
+            watch.cancel()
+        self._watch = loop.call_at(deadline, self._on_watch)
+
+    def _on_watch(self) -> None:
+        self._watch = None
+        deadline, reading = self._read_deadline, self._reading
+        if reading is None or deadline is None or self._read_interrupted:
+            return  # between reads: the next read arms it again
+        loop = asyncio.get_running_loop()
+        if loop.time() < deadline - _WATCH_SLACK_S:
+            self._watch = loop.call_at(deadline, self._on_watch)
+            return
+        self._read_expired = True
+        reading.cancel()
 
     async def _await_close_ok(self) -> None:
         """After our connection.close: wait briefly for close-ok, reading nothing
@@ -759,6 +801,9 @@ class AmqpConnection:
     async def _cleanup(self) -> None:
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
+        if self._watch is not None:
+            self._watch.cancel()
+            self._watch = None
         await self._release_budget()
         try:
             await self._close_channels()

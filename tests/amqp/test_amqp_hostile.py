@@ -330,6 +330,33 @@ def test_a_frame_begun_and_never_finished_is_a_frame_error(tmp_path: Path) -> No
         _still_serving(live)
 
 
+def test_a_frame_begun_ends_at_its_own_limit_under_a_longer_heartbeat_one(
+    tmp_path: Path,
+) -> None:
+    """The reads before the frame armed the connection's watch timer for a later limit
+    (the handshake's, 60 s; the heartbeats', 120 s; both beyond the client's WAIT_S):
+    a frame begun must still end at its own shorter limit, so the watch is pulled
+    earlier rather than left to fire first."""
+    overrides = {
+        "limits.frame_timeout_ms": "300",
+        "limits.handshake_timeout_ms": "60000",
+        "amqp.heartbeat_s": "60",
+    }
+    with start(tmp_path, **overrides) as live:
+        client = RawClient(live)
+        try:
+            client.open(heartbeat=60)
+            client.send(1, commands.Channel.Open())  # read whole, under the 120 s limit
+            assert isinstance(client.next().value, commands.Channel.OpenOk)
+            frame = method_frame(1, commands.Queue.Declare(queue=unique("slow")))
+            client.sock.sendall(frame[:-3])  # all but the last bytes, then silence
+            close = client.expect_close(501)  # within the socket's WAIT_S, not 120 s
+            assert "not received whole" in close.reply_text
+        finally:
+            client.close()
+        _still_serving(live)
+
+
 def _held(server: LiveServer) -> int:
     async def held() -> int:
         return server.gateway.frame_budget.held
