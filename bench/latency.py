@@ -385,6 +385,7 @@ def _servers(args: argparse.Namespace, listeners: set[str]) -> Iterator[dict[str
 
 
 def main() -> None:
+    global RATE
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -402,8 +403,16 @@ def main() -> None:
     parser.add_argument("--rocketmq", metavar="HOST:PORT", help="a RocketMQ 5 proxy running")
     parser.add_argument("--rocketmq-pid", type=int, help="its pid, for CPU")
     parser.add_argument("--durability", choices=("sync", "async"), default="sync")
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=RATE,
+        help=f"messages per second (default {RATE}, the issue's everyday rate; a lower "
+        "one shows the path when the machine is too loaded to keep that pace)",
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per result")
     args = parser.parse_args()
+    RATE = args.rate
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
