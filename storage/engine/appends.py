@@ -19,6 +19,7 @@ from polymq.storage.api import check_append_queues
 from polymq.storage.engine import records as rec
 from polymq.storage.engine.commit_log import HEADER_SIZE
 from polymq.storage.engine.core import EnginePart
+from polymq.storage.engine.reads import DECODED_CACHE
 from polymq.storage.engine.state import Held, Seen, Topic, text_hash
 from polymq.storage.errors import InvalidArgument, MessageTooLarge
 from polymq.storage.model import (
@@ -145,6 +146,11 @@ class Appends(EnginePart):
             durable=durable,
         )
         self._state.apply_message(position, size, record)
+        if type(entry) is Message and _as_decoded(entry):
+            decoded = self._core.decoded
+            decoded[position] = (record.message_id, entry)
+            if len(decoded) > DECODED_CACHE:
+                decoded.popitem(last=False)
         return record, position
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
@@ -249,6 +255,24 @@ class Appends(EnginePart):
             source=held.position,
         )
         return record
+
+
+_CACHED_BODY_BYTES = 64 << 10  # larger bodies are read back: the cache stays small
+
+
+def _as_decoded(message: Message) -> bool:
+    """Whether ``message`` is exactly what decoding its record gives back, so a
+    hand-out may use it as is: plain ``bytes`` and tuples only (a protocol may pass a
+    ``memoryview`` over a buffer it reuses, or a list), and a small body."""
+    body, key, correlation = message.body, message.key, message.correlation_id
+    return (
+        type(body) is bytes
+        and len(body) <= _CACHED_BODY_BYTES
+        and (key is None or type(key) is bytes)
+        and (correlation is None or type(correlation) is bytes)
+        and type(message.properties) is tuple
+        and all(type(p) is tuple and type(p[1]) is bytes for p in message.properties)
+    )
 
 
 def append_result(record: rec.MessageRecord, queues: Sequence[QueueRef]) -> AppendResult:

@@ -9,6 +9,7 @@ way, and no part reaches into another part's state.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from polymq.storage.engine.ids import MessageIds
 from polymq.storage.engine.state import EngineState, QueueKey, Topic, config_to_json
 from polymq.storage.errors import InvalidArgument, StorageClosed
 from polymq.storage.lifecycle import TaskSet
-from polymq.storage.model import QueueRef, TopicConfig
+from polymq.storage.model import BatchEntry, Message, QueueRef, TopicConfig
 
 __all__ = ["EngineCore", "EnginePart"]
 
@@ -53,6 +54,10 @@ class EngineCore:
             )
         )
         self.state = EngineState(dedup_window_ms=config.dedup_window_ms, clock=clock)
+        # Entries by log position, as decoded from the log (reads.py keeps expanded
+        # batches here) or as just appended (appends.py: a hand-out of a message
+        # popped soon after its append needs no read back and no decoding).
+        self.decoded: OrderedDict[int, tuple[str, Message | BatchEntry]] = OrderedDict()
         self.ids: MessageIds | None = None  # read from the data directory at start
         self.gate = asyncio.Event()
         self.gate.set()

@@ -1,14 +1,15 @@
 """Reading stored messages: by offset (stream mode), as whole batches, and the message
 lookups that pops and acks share.
 
-Decoded batches are cached here because their messages are usually read one offset
-after another; reads wait for data (long polls) on the queues' own waiters.
+Decoded batches are cached (``EngineCore.decoded``) because their messages are usually
+read one offset after another; appends put a just-appended message there too, since
+a consumer usually pops it soon after. Reads wait for data (long polls) on the
+queues' own waiters.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -28,11 +29,11 @@ from polymq.storage.model import (
     StoredMessage,
 )
 
-__all__ = ["Reads", "stored_message"]
+__all__ = ["DECODED_CACHE", "Reads", "stored_message"]
 
 _YIELD_EVERY = 256  # read_batches entries decoded between two yields to the event loop
 _GAP_SCAN = 65_536  # offsets a read looks past compaction's gaps for messages
-_DECODED_CACHE = 64  # decoded batch entries kept for message-by-message reads
+DECODED_CACHE = 64  # decoded entries kept (EngineCore.decoded)
 
 
 class Reads(EnginePart):
@@ -40,7 +41,7 @@ class Reads(EnginePart):
 
     def __init__(self, core: EngineCore) -> None:
         super().__init__(core)
-        self._decoded: OrderedDict[int, tuple[str, Message | BatchEntry]] = OrderedDict()
+        self._decoded = core.decoded
 
     def forget_decoded(self) -> None:
         """Drop the cache: the positions it names may be gone with their segments."""
@@ -58,7 +59,7 @@ class Reads(EnginePart):
             if not entry.messages:
                 entry = replace(entry, messages=batch_formats.expand(entry.format, entry.raw))
             self._decoded[position] = (message_id, entry)
-            if len(self._decoded) > _DECODED_CACHE:
+            if len(self._decoded) > DECODED_CACHE:
                 self._decoded.popitem(last=False)
         return message_id, entry
 
