@@ -5,8 +5,10 @@ the embedded engine.
    ``storage.rpc`` and through ``grpc.aio`` unary calls (generic handler, bytes in and
    out, so no .proto): calls/s and per-call p50/p99.
 2. Appends of 100 B messages (one message per call, as a gateway makes them), one at a
-   time and 64 in flight: through ``RemoteStorage`` to a storage node, and straight
-   into an embedded engine; msgs/s and per-call p50/p99.
+   time, 8 and 64 in flight: through ``RemoteStorage`` to a storage node, each append
+   its own call and merged per loop iteration (``storage/remote_appends.py``), with
+   the CPU each side spent per message; and straight into an embedded engine; msgs/s
+   and per-call p50/p99.
 
 Every server runs in its own process (as in production: a gateway and a node do not
 share a core's event loop), on uvloop when it is installed, like ``polymq``. Each
@@ -26,11 +28,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import grpc
+import psutil
 
 from bench._stats import p50_p99_ms
 from polymq.storage.engine import Durability, Engine, EngineConfig
@@ -94,7 +97,9 @@ def _engine(data_dir: Path, durability: str) -> Engine:
 
 
 @contextlib.contextmanager
-def _server_process(kind: str, data_dir: str = "", durability: str = "sync") -> Any:
+def _server_process(
+    kind: str, data_dir: str = "", durability: str = "sync"
+) -> Iterator[tuple[int, subprocess.Popen[bytes]]]:
     command = ["--serve", kind, "--data-dir", data_dir, "--durability", durability]
     process = subprocess.Popen(
         [sys.executable, "-m", "bench.rpc", *command],
@@ -104,7 +109,7 @@ def _server_process(kind: str, data_dir: str = "", durability: str = "sync") -> 
     )
     try:
         assert process.stdout is not None
-        yield int(process.stdout.readline())
+        yield int(process.stdout.readline()), process
     finally:
         assert process.stdin is not None
         process.stdin.close()
@@ -136,6 +141,11 @@ async def measure(call: Call, concurrency: int, seconds: float) -> tuple[int, fl
     elapsed = time.perf_counter() - started
     p50, p99 = p50_p99_ms(latencies)
     return len(latencies), len(latencies) / elapsed, p50, p99
+
+
+def _cpu(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
 
 
 def row(name: str, unit: str, figures: tuple[int, float, float, float]) -> None:
@@ -170,19 +180,33 @@ async def run(seconds: float, durability: str) -> None:
         ("framed", "framed", _framed_echo),
         ("grpc.aio", "grpc", _grpc_echo),
     ):
-        with _server_process(kind) as port:
+        with _server_process(kind) as (port, _):
             async with client(port) as call:
                 for concurrency in (1, CONCURRENCY):
                     figures = await measure(call, concurrency, seconds)
                     row(f"echo 16 B, {name}, c{concurrency}", "calls/s", figures)
     with tempfile.TemporaryDirectory(prefix="polymq-bench-rpc-") as tmp:
-        with _server_process("node", str(Path(tmp) / "node"), durability) as port:
-            remote = RemoteStorage("127.0.0.1", port)
-            await remote.create_topic(DEFAULT_NAMESPACE, TOPIC)
-            for concurrency in (1, CONCURRENCY):
-                figures = await measure(_append_call(remote), concurrency, seconds)
-                row(f"append 100 B, RemoteStorage, c{concurrency}", "msgs/s", figures)
-            await remote.close()
+        with _server_process("node", str(Path(tmp) / "node"), durability) as (port, node):
+            node_cpu = psutil.Process(node.pid)
+            me = psutil.Process()
+            remotes = {
+                merge: RemoteStorage("127.0.0.1", port, merge_appends=merge)
+                for merge in (False, True)
+            }
+            await remotes[False].create_topic(DEFAULT_NAMESPACE, TOPIC)
+            for concurrency in (1, 8, CONCURRENCY):
+                for merge, remote in remotes.items():  # side by side
+                    before = _cpu(node_cpu), _cpu(me)
+                    figures = await measure(_append_call(remote), concurrency, seconds)
+                    node_us = (_cpu(node_cpu) - before[0]) / figures[0] * 1e6
+                    client_us = (_cpu(me) - before[1]) / figures[0] * 1e6
+                    name = f"append 100 B, RemoteStorage{', merged' if merge else ''}"
+                    row(f"{name}, c{concurrency}", "msgs/s", figures)
+                    print(
+                        f"{'':<8}CPU per message: node {node_us:.0f} us, client {client_us:.0f} us"
+                    )
+            for remote in remotes.values():
+                await remote.close()
         async with _engine(Path(tmp) / "embedded", durability) as engine:
             await engine.create_topic(DEFAULT_NAMESPACE, TOPIC)
             for concurrency in (1, CONCURRENCY):

@@ -227,10 +227,17 @@ _CASES: dict[str, Callable[[dict[str, int], str], Callable[[], int]]] = {
 
 
 def _client(
-    case: str, ports: dict[str, int], target: str, start: float, end: float, out: Connection
+    case: str,
+    ports: dict[str, int],
+    target: str,
+    start: float,
+    end: float,
+    out: Connection,
+    rate: float = 0.0,
 ) -> None:
-    """Run ``case`` from ``start`` to ``end`` (wall clock); send the count of
-    operations finished inside the window and this process's CPU seconds."""
+    """Run ``case`` from ``start`` to ``end`` (wall clock), as fast as it goes or at
+    ``rate`` messages/s; send the count of operations finished inside the window and
+    this process's CPU seconds."""
     operation = _CASES[case](ports, target)
     operation()  # connected and warm before the window opens
     while time.time() < start:
@@ -238,7 +245,12 @@ def _client(
     me = psutil.Process()
     cpu = me.cpu_times()
     done = 0
-    while time.time() < end:
+    while (now := time.time()) < end:
+        if rate > 0:  # paced: never ahead of the schedule, catching up when behind
+            ahead = start + done / rate - now
+            if ahead > 0:
+                time.sleep(min(ahead, end - now))
+                continue
         done += operation()
     after = me.cpu_times()
     out.send((done, after.user + after.system - cpu.user - cpu.system))
@@ -275,6 +287,7 @@ def run_case(
     seconds: float,
     durability: str,
     merge_appends: bool = True,
+    rate: float = 0.0,
 ) -> Result:
     with server(workers, durability, merge_appends) as (parent, ports):
         target = f"bench-{case}"
@@ -286,7 +299,9 @@ def run_case(
         for _ in range(clients):
             receive, send = context.Pipe(duplex=False)
             process = context.Process(
-                target=_client, args=(case, ports, target, start, end, send), daemon=True
+                target=_client,
+                args=(case, ports, target, start, end, send, rate / clients),
+                daemon=True,
             )
             process.start()
             pipes.append(receive)
@@ -337,6 +352,13 @@ def main(argv: list[str] | None = None) -> int:
         default="on",
         help="the workers' appends merged while one is out (storage/remote_appends.py) [on]",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="messages/s offered by all clients together; 0: as fast as they go [0]. "
+        "At one rate CPU per message compares setups whatever the machine's other load",
+    )
     parser.add_argument("--json", type=Path, help="write every round's figures here")
     args = parser.parse_args(argv)
     counts = sorted({int(w) for w in args.workers.split(",")})
@@ -348,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
     for case in cases:
         for round_ in range(args.rounds):
             for workers, merge in setups:  # alternating: 1, 2, N, 1, 2, N, ...
-                result = run_case(workers, case, args.clients, args.seconds, args.durability, merge)
+                result = run_case(
+                    workers, case, args.clients, args.seconds, args.durability, merge, args.rate
+                )
                 results.append(result)
                 print(
                     f"  {case} round {round_ + 1} workers {workers}"
@@ -361,7 +385,9 @@ def main(argv: list[str] | None = None) -> int:
                 )
     print(
         f"\n{os.cpu_count()} cores, {args.clients} client processes, {args.seconds:g} s "
-        f"windows, durability {args.durability}, medians of {args.rounds}\n"
+        f"windows, durability {args.durability}, "
+        f"{f'{args.rate:,.0f} msgs/s offered' if args.rate else 'as fast as they go'}, "
+        f"medians of {args.rounds}\n"
     )
     print(
         "| case | workers | appends merged | msgs/s | x 1 worker | server CPU us/msg "

@@ -6,14 +6,16 @@ wait): about as much CPU as the engine's own work on the message (docs/workers.m
 The node's ``append`` takes a list and stores it under one group commit, so a
 gateway gains by handing it lists.
 
-How: the first append of a loop iteration starts a flight that runs at the next
-iteration; every append made meanwhile (other connections woken by the same read of
-the sockets) joins it, and the flight sends them as few calls as the limits allow, in
-the order made (one connection, frames in order: the node starts them in that order).
-Nothing waits for a round trip: an append alone goes one iteration later than it
-would have. Under load more connections wake per iteration, so the calls grow by
-themselves. (Holding appends until an earlier one returned, group-commit style, was
-measured and not kept: it merged more, but the wait cost more than it saved.)
+How: the first append of a loop iteration goes at once, alone, as it always did (an
+append alone costs nothing more: a flag and a callback per iteration). The others
+made in the same iteration (other connections woken by the same read of the sockets)
+queue up and go at the start of the next, as few calls as the limits allow, in the
+order made (one connection, frames in order: the node starts them in that order).
+Nothing waits for a round trip. Under load more connections wake per iteration, so
+the calls grow by themselves. (Holding appends until an earlier one returned,
+group-commit style, and sending even the first of an iteration with the others were
+measured and not kept: the first added a round trip's wait, the second a task and a
+future to every lone append, and both cost more than they saved.)
 
 Every caller still gets its own answer. A merged call that fails as a whole for one
 request's sake (a topic deleted meanwhile, a message too large) is sent again request
@@ -89,6 +91,8 @@ class AppendBatcher:
         self._max_requests = max_requests
         self._max_bytes = max_bytes
         self._queue: list[_Waiting] = []
+        # An append went alone in this loop iteration: the next ones queue.
+        self._sent_alone = False
         # The flight to start at the next loop iteration, and those out (held: the
         # loop keeps only weak references to tasks).
         self._flight: asyncio.Task[None] | None = None
@@ -97,12 +101,18 @@ class AppendBatcher:
         self.merged = 0  # appends that went in a call with others
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
-        waiting = _Waiting(list(requests), asyncio.get_running_loop().create_future())
+        loop = asyncio.get_running_loop()
+        if not self._sent_alone:
+            self._sent_alone = True
+            loop.call_soon(self._next_iteration)
+            self.calls += 1
+            return await self._send(list(requests))
+        waiting = _Waiting(list(requests), loop.create_future())
         self._queue.append(waiting)
         if self._flight is None:
-            # The first append of this loop iteration: its flight starts at the next,
-            # with every append made meanwhile (no round trip waited for).
-            self._flight = asyncio.get_running_loop().create_task(self._fly())
+            # The second append of this loop iteration: the flight starts at the
+            # next, with every append made meanwhile (no round trip waited for).
+            self._flight = loop.create_task(self._fly())
             self._flights.add(self._flight)
             self._flight.add_done_callback(self._flights.discard)
         try:
@@ -113,6 +123,9 @@ class AppendBatcher:
             with contextlib.suppress(ValueError):
                 self._queue.remove(waiting)
             raise
+
+    def _next_iteration(self) -> None:
+        self._sent_alone = False
 
     async def _fly(self) -> None:
         taken, self._queue = self._queue, []

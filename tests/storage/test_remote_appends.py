@@ -1,5 +1,5 @@
 """Appends merged by RemoteStorage (storage/remote_appends.py), against a real
-StorageNode over loopback: appends made in one loop iteration go to the node as one call,
+StorageNode over loopback: appends made in one loop iteration go to the node in two calls,
 in the order made, each caller with its own answer or error, nothing stored twice,
 a transient message never in a call with a durable one, a cancelled queued append
 never sent. The node's request counter says how many calls it got."""
@@ -55,12 +55,13 @@ async def stored_bodies(remote: RemoteStorage, topic: str = "t") -> list[bytes]:
 
 
 async def test_a_burst_goes_as_two_calls_in_order(node: StorageNode, remote: RemoteStorage) -> None:
-    """The first append goes alone; the rest, made while it is out, as one call."""
+    """Of appends made in one loop iteration (a gather) the first goes alone, the
+    others as one call."""
     before = node.requests_served
     bodies = [b"m%d" % i for i in range(BURST)]
     async with asyncio.timeout(30):
         results = await asyncio.gather(*(remote.append(request(b)) for b in bodies))
-    assert node.requests_served - before == 1
+    assert node.requests_served - before == 2
     assert [r[0].placements[0].offset for r in results] == list(range(BURST))
     assert await stored_bodies(remote) == bodies
 
@@ -87,22 +88,23 @@ async def test_one_callers_error_is_its_own(node: StorageNode, remote: RemoteSto
 async def test_transient_and_durable_appends_go_in_separate_calls(
     node: StorageNode, remote: RemoteStorage
 ) -> None:
-    """Durable, durable, durable, transient, transient, durable made together make three
-    calls (a transient message does not wait for a durable one's fsync)."""
+    """Durable, durable, durable, transient, transient, durable made together: the first
+    alone, then three calls (a transient message does not wait for a durable one's
+    fsync)."""
     kinds = [True, True, True, False, False, True]
     before = node.requests_served
     async with asyncio.timeout(30):
         await asyncio.gather(
             *(remote.append(request(b"m%d" % i, durable=d)) for i, d in enumerate(kinds))
         )
-    assert node.requests_served - before == 3
+    assert node.requests_served - before == 4
     assert await stored_bodies(remote) == [b"m%d" % i for i in range(len(kinds))]
 
 
 async def test_a_cancelled_queued_append_is_not_stored(remote: RemoteStorage) -> None:
     first = asyncio.ensure_future(remote.append(request(b"first")))
     queued = asyncio.ensure_future(remote.append(request(b"cancelled")))
-    await asyncio.sleep(0)  # both made, in this iteration: the flight starts at the next
+    await asyncio.sleep(0)  # both made in this iteration: the first sent, the other queued
     queued.cancel()
     async with asyncio.timeout(30):
         await first
