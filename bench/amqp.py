@@ -10,7 +10,8 @@ time.
     .venv/bin/python -m bench.amqp --target 127.0.0.1:5672 [--server-pid PID]
 
 With ``--target`` it measures whatever broker listens there (RabbitMQ, say); pass
-``--server-pid`` to get that server's CPU and RSS too.
+``--server-pid`` to get that server's CPU and RSS too. ``--lockstep N`` measures only
+the server's CPU per message with one message in flight at a time (see ``lockstep``).
 """
 
 from __future__ import annotations
@@ -156,6 +157,77 @@ def latency(host: str, port: int, queue: str, size: int) -> tuple[float, float, 
     return p50, p99, len(latencies)
 
 
+def lockstep(host: str, port: int, count: int, heartbeat: int) -> tuple[int, float]:
+    """Publish one 100 B message, wait until the consumer (prefetch 500) got it and
+    acked it, then the next: every message is handled on its own, whatever the
+    machine's load, which is what 1,000 msgs/s looks like to the server (each
+    message pays every wake-up) without the pacing that load makes noisy. Both
+    connections use ``heartbeat`` (pika's default is the server's, 60 s)."""
+    queue = f"lockstep-{uuid.uuid4().hex[:8]}"
+    params = pika.ConnectionParameters(host, port, heartbeat=heartbeat)
+    got = threading.Event()
+    ready = threading.Event()
+    stop = threading.Event()
+    failed: list[BaseException] = []
+
+    def consumer() -> None:
+        try:
+            with contextlib.closing(pika.BlockingConnection(params)) as conn:
+                ch = conn.channel()
+                ch.queue_declare(queue, auto_delete=True)
+                ch.basic_qos(prefetch_count=PREFETCH)
+
+                def on_message(
+                    ch: pika.adapters.blocking_connection.BlockingChannel,
+                    method: pika.spec.Basic.Deliver,
+                    _properties: pika.BasicProperties,
+                    _body: bytes,
+                ) -> None:
+                    ch.basic_ack(method.delivery_tag)
+                    got.set()
+
+                ch.basic_consume(queue, on_message)
+                ready.set()
+                while not stop.is_set():
+                    conn.process_data_events(time_limit=0.1)
+        except BaseException as e:  # reported by the caller
+            failed.append(e)
+            ready.set()
+
+    thread = threading.Thread(target=consumer, daemon=True)
+    thread.start()
+    if not ready.wait(SCENARIO_LIMIT_S) or failed:
+        raise RuntimeError(f"the lockstep consumer did not start: {failed}")
+    body = b"x" * 100
+    start = time.perf_counter()
+    sent = 0
+    try:
+        with contextlib.closing(pika.BlockingConnection(params)) as conn:
+            ch = conn.channel()
+            while sent < count and time.perf_counter() - start < SCENARIO_LIMIT_S:
+                got.clear()
+                ch.basic_publish("", queue, body)
+                if not got.wait(SCENARIO_LIMIT_S):
+                    raise RuntimeError(f"message {sent} was not delivered")
+                sent += 1
+        return sent, time.perf_counter() - start
+    finally:
+        stop.set()
+        thread.join(SCENARIO_LIMIT_S)
+
+
+def run_lockstep(host: str, port: int, meter: Meter, count: int) -> None:
+    """``--lockstep``: only the lockstep case, without and with heartbeats."""
+    print(f"{'scenario':<34} {'msgs':>7} {'msgs/s':>9} {'cpu us/msg':>10}")
+    for heartbeat in (0, 60):
+        lockstep(host, port, min(count, 200), heartbeat)  # warm-up, not measured
+        cpu = meter.cpu()
+        sent, elapsed = lockstep(host, port, count, heartbeat)
+        used = meter.cpu() - cpu
+        name = f"lockstep, heartbeat {heartbeat} s"
+        print(f"{name:<34} {sent:>7} {sent / elapsed:>9.0f} {used / sent * 1e6:>10.0f}", flush=True)
+
+
 def run(host: str, port: int, meter: Meter, label: str) -> None:
     print(f"# AMQP benchmark against {label} at {host}:{port} (pika {pika.__version__})")
     print(
@@ -214,9 +286,18 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_target_options(parser)
+    parser.add_argument(
+        "--lockstep",
+        type=int,
+        metavar="N",
+        help="only publish N messages one at a time, each consumed and acked before the next",
+    )
     args = parser.parse_args()
     with server_under_test("amqp", target=args.target, server_pid=args.server_pid) as server:
-        run(server.host, server.port, Meter(server.pid), server.label)
+        if args.lockstep:
+            run_lockstep(server.host, server.port, Meter(server.pid), args.lockstep)
+        else:
+            run(server.host, server.port, Meter(server.pid), server.label)
 
 
 if __name__ == "__main__":
