@@ -777,7 +777,7 @@ class Channel:
             raise ChannelError(errors.PRECONDITION_FAILED, "channel is not transactional", 90, 20)
         publishes, self._tx = self._tx, []
         acks, self._tx_acks = self._tx_acks, []
-        await self.publisher.publish(publishes)
+        await self.publisher.publish(publishes, committing=True)
         for delivery_tag, multiple in acks:
             await self._ack(self._take(delivery_tag, multiple, 80), durable=True)
         self.send(commands.Tx.CommitOk())

@@ -97,10 +97,18 @@ class Publisher:
         except AccessDenied as e:
             raise ChannelError(errors.ACCESS_REFUSED, str(e), 60, 40) from e
 
-    async def publish(self, batch: list[Publish]) -> None:
+    async def publish(self, batch: list[Publish], *, committing: bool = False) -> None:
         """Route and store a run of publishes with one append, then send returns and
         confirms in publish order. A publish that fails (unknown exchange) first lets
-        the ones before it complete, as if they had been handled one by one."""
+        the ones before it complete, as if they had been handled one by one.
+
+        Persistent messages wait for the fsync only where the client is told they are
+        stored: in confirm mode, or at a ``tx.commit`` (``committing``). Without either
+        the publisher is never told, so the channel does not stall its next publishes
+        behind a slow fsync (RabbitMQ's channel does not either): they are written
+        (a crash of the process keeps them) and fsynced with the next durable append
+        or within the flush interval (docs/amqp.md, "Durability")."""
+        promised = self.confirm or committing
         processor, caller = self._conn.processor, self._conn.caller
         requests: list[AppendRequest] = []
         # Per publish: its confirm sequence number (0 without confirms), a basic.return
@@ -125,7 +133,9 @@ class Publisher:
                     await self._may_write(publish)
                     allowed.add(target)
                 self.resolve(publish)
-                request, returned, accepted, heads = await self._prepare(publish, now, added)
+                request, returned, accepted, heads = await self._prepare(
+                    publish, now, added, promised
+                )
             except AmqpError as e:
                 failure = e
                 break
@@ -159,7 +169,7 @@ class Publisher:
             self._conn.send_bytes(b"".join(out))
 
     async def _prepare(
-        self, publish: Publish, now: int, added: dict[str, int]
+        self, publish: Publish, now: int, added: dict[str, int], promised: bool
     ) -> tuple[AppendRequest | None, bytes | None, bool, list[QueueDef]]:
         vhost = self._conn.vhost
         method, header = publish.method, publish.header
@@ -266,9 +276,12 @@ class Publisher:
         if method.mandatory and not names and not self._explicit(exchange.arguments):
             returned = self._return_frames(method, raw, body)
         # As RabbitMQ: only a persistent message (delivery_mode 2) to a durable queue
-        # (or a storage topic) waits for the fsync; a transient one is written only.
-        durable = properties.delivery_mode == 2 and (
-            topic is not None or any(q.durable or q.view_topic is not None for q in reached)
+        # (or a storage topic) that the client is to be told about waits for the
+        # fsync; a transient one, or one nobody confirms, is written only.
+        durable = (
+            promised
+            and properties.delivery_mode == 2
+            and (topic is not None or any(q.durable or q.view_topic is not None for q in reached))
         )
         request = AppendRequest(entry=message, queues=unique, durable=durable)
         return request, returned, accepted, heads

@@ -72,6 +72,46 @@ def test_amqp_persistent_survive_transient_tail_does_not(tmp_path: Path) -> None
     _check(survivors)
 
 
+def test_amqp_persistent_without_confirms_is_written_only(tmp_path: Path) -> None:
+    """Persistent messages wait for the fsync only where the client is told they are
+    stored: committed in a transaction they survive the power loss; published on a
+    channel with neither confirms nor a transaction after them, they are gone (their
+    channel did not wait for an fsync), though the server had them."""
+    data, sync_log = tmp_path / "data", tmp_path / "fsyncs"
+    queue = "powerloss"
+    committed = [b"t%d" % i for i in range(PAIRS)]
+    unconfirmed = [b"u%d" % i for i in range(TAIL)]
+    persistent = pika.BasicProperties(delivery_mode=pika.DeliveryMode.Persistent)
+    with crash_server(data, "amqp", settings=SETTINGS, prelude=prelude(sync_log)) as port:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        channel.queue_declare(queue, durable=True)
+        channel.tx_select()
+        for body in committed:
+            channel.basic_publish("", queue, body, persistent)
+        channel.tx_commit()
+        plain = connection.channel()
+        for body in unconfirmed:
+            plain.basic_publish("", queue, body, persistent)
+        # Handled after the publishes before it on the channel: they are stored.
+        stored = plain.queue_declare(queue, passive=True).method.message_count
+        assert stored == len(committed) + len(unconfirmed)
+    with contextlib.suppress(Exception):
+        connection.close()
+    assert lose_unsynced(data, sync_log) > 0
+    with crash_server(data, "amqp") as port:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        survivors = []
+        while True:
+            method, _, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            survivors.append(body)
+        connection.close()
+    assert survivors == committed, "committed lost, or unconfirmed ones fsynced"
+
+
 def test_kafka_acks_all_survive_acks_1_tail_does_not(tmp_path: Path) -> None:
     data, sync_log = tmp_path / "data", tmp_path / "fsyncs"
     topic = "powerloss"
