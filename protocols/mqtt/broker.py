@@ -29,7 +29,7 @@ from polymq.protocols.mqtt.model import (
 from polymq.protocols.mqtt.peer_events import PeerEvents
 from polymq.protocols.mqtt.peers import Peers
 from polymq.protocols.mqtt.repairs import Repairs
-from polymq.protocols.mqtt.routing import Router
+from polymq.protocols.mqtt.routing import Routed, Router
 from polymq.protocols.mqtt.sessions import Sessions
 from polymq.protocols.mqtt.subscriptions import Subscriptions
 from polymq.protocols.mqtt.tails import Tails
@@ -206,6 +206,14 @@ class MqttBroker:
         """Deliver from memory and store every item with one append (routing.py);
         returns the items whose storage is unavailable, by index."""
         return await self._router.publish(items)
+
+    async def route(self, items: list[Outgoing]) -> Routed:
+        """:meth:`publish`'s first half: deliver from memory, plan the append."""
+        return await self._router.route(items)
+
+    async def store(self, routed: Routed) -> dict[int, StorageError]:
+        """:meth:`publish`'s second half (several routed runs may be joined)."""
+        return await self._router.store(routed)
 
     def deliver_transient(self, topic: str, message: Message) -> None:
         """Hand a QoS 0 message to online subscribers without storing it (``$SYS``)."""

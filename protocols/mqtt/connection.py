@@ -14,6 +14,7 @@ import contextlib
 import logging
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 from polymq.gateway.accounts import AuthenticationFailed, AuthError
 from polymq.gateway.connections import AccountConnectionLimit
@@ -24,6 +25,7 @@ from polymq.gateway.quotas import AccountQuota
 from polymq.protocols.mqtt import codec
 from polymq.protocols.mqtt._state import ConnectionState, accepts
 from polymq.protocols.mqtt.broker import MqttBroker
+from polymq.protocols.mqtt.connect_checks import connect_problem
 from polymq.protocols.mqtt.mapping import (
     message_from_publish,
     published_qos,
@@ -33,6 +35,7 @@ from polymq.protocols.mqtt.model import Delivery, Outgoing, Session, SubOptions
 from polymq.protocols.mqtt.outbound import Outbound
 from polymq.protocols.mqtt.quota import charge_packets, receive_maximum
 from polymq.protocols.mqtt.services import MqttServices
+from polymq.protocols.mqtt.store_queue import PublishBatch, StoreOutcome, StoreQueue, store_batches
 from polymq.protocols.mqtt.topic_filter_index import (
     is_valid_filter,
     is_valid_topic_name,
@@ -41,13 +44,15 @@ from polymq.protocols.mqtt.topic_filter_index import (
 )
 from polymq.protocols.mqtt.transport import Transport
 from polymq.storage.errors import InvalidName, MessageTooLarge, StorageError
-from polymq.storage.names import check_name
 
 __all__ = ["MqttConnection"]
 
 log = logging.getLogger(__name__)
 
 _BATCH = 256  # PUBLISHes per append, acks per ack call
+# Bodies of PUBLISHes read and routed but not yet being stored, per connection:
+# past this, reading waits until they are stored (store_queue.py).
+_STORE_QUEUE_BYTES = 1 << 20
 _ACKS = (codec.PubAck, codec.PubRec, codec.PubComp)
 
 # v5 reason codes (2.4) used here
@@ -123,6 +128,7 @@ class MqttConnection:
         "_receive_maximum",
         "_services",
         "_session",
+        "_stores",
         "_task",
         "_transport",
         "_v5",
@@ -174,6 +180,9 @@ class MqttConnection:
         self._receive_maximum = self._config.receive_maximum  # announced; smaller under a quota
         self._quota: AccountQuota | None = None  # the account's, once CONNECT is accepted
         self._out = Outbound(services, transport)
+        # PUBLISH batches routed, being stored behind the reading (on first publish:
+        # an idle connection holds none).
+        self._stores: StoreQueue[PublishBatch, StoreOutcome] | None = None
         self._finished: asyncio.Future[None] | None = None  # awaited by a takeover
         self._done = False
         # Keep-alive (protocols/mqtt/deadlines.py): the loop time by which the next
@@ -230,6 +239,8 @@ class MqttConnection:
             while True:
                 self._admit_all(packets)
                 await self._handle(packets)
+                if self._stores is not None and self._stores.ended:
+                    return  # a publish could not be stored: closed (_batch_stored)
                 if self._quota is not None and charge_packets(self._quota, packets):
                     await self._quota.hold("mqtt", "produce", "requests")  # slow reads
                 if self._out.pending_bytes() > drop_bytes:  # the client reads slowly
@@ -243,7 +254,7 @@ class MqttConnection:
                 else:  # between packets (the usual case)
                     if self._kicked or self._expired:
                         raise asyncio.CancelledError  # woken to end: run()'s own cancel
-                    if park_now and transport.park():
+                    if park_now and not self._stores and transport.park():
                         self.parked = True
                         self._task = None
                         return
@@ -253,6 +264,7 @@ class MqttConnection:
                     # connection to park: then no task and no frame while it waits
                     # (unless bytes came meanwhile: read them).
                     while not data and transport.asked_to_park():
+                        await self._stored()  # nothing in flight while parked
                         if transport.park():
                             self.parked = True
                             self._task = None
@@ -417,6 +429,8 @@ class MqttConnection:
 
     async def _wind_down(self) -> None:
         try:
+            if self._stores is not None:
+                await self._stores.drain()  # what the peer sent before it left is stored
             await self._out.stop()
             await self._end_session()
         except StorageError as e:  # storage refused or is away: not a bug of ours
@@ -477,7 +491,7 @@ class MqttConnection:
         self._decoder.level = connect.level
         props = connect.properties
         services = self._services
-        refusal = self._connect_problem(connect)
+        refusal = connect_problem(connect, self._v5, self._config.max_topic_levels)
         if refusal is not None:
             reason, problem = refusal
             log.info("mqtt %r: refused: %s", connect.client_id[:100], problem)
@@ -608,43 +622,6 @@ class MqttConnection:
         self._out.bind(self._session, self._broker, self._caller)
         return True
 
-    def _connect_problem(self, connect: codec.Connect) -> tuple[int, str] | None:
-        """The CONNACK code and the reason for refusing a CONNECT the decoder took but
-        the session could not live with: checked now, so that nothing fails later, at
-        a session save or at the will's publication."""
-        v5, props = self._v5, connect.properties
-        for pid, name in (
-            (codec.RECEIVE_MAXIMUM, "receive maximum"),
-            (codec.MAXIMUM_PACKET_SIZE, "maximum packet size"),
-        ):
-            if props.get(pid) == 0:  # v5 3.1.2.11.3-4
-                return _PROTOCOL_ERROR, f"{name} 0"
-        if connect.will_topic is not None:
-            problem = self._will_topic_problem(connect.will_topic)
-            if problem is not None:  # v3 has no such code: 3, as EMQX maps 0x90
-                return (_TOPIC_INVALID if v5 else 3), f"will topic {problem}"
-        persistent = props.get(codec.SESSION_EXPIRY, 0) > 0 if v5 else not connect.clean_start
-        if persistent and connect.client_id:
-            try:  # a kept session is stored under its client id
-                check_name("client id", connect.client_id)
-            except InvalidName as e:
-                return (_CLIENT_ID_INVALID if v5 else 2), f"persistent session: {e}"
-        return None
-
-    def _will_topic_problem(self, topic: str) -> str | None:
-        """Why a will topic could not be published at session end, if it could not:
-        checked at CONNECT like a PUBLISH topic (v5 3.1.3.3), and against the storage
-        topic's name rules, so no will fails only when the session ends."""
-        if not is_valid_topic_name(topic):
-            return "is empty or has a wildcard"
-        if topic_levels(topic) > self._config.max_topic_levels:
-            return f"has more than {self._config.max_topic_levels} levels"
-        try:
-            check_name("topic", storage_topic(topic))
-        except InvalidName as e:
-            return f"cannot be stored: {e}"
-        return None
-
     # -- packets in order ----------------------------------------------------------
 
     async def _handle(self, packets: list[codec.Packet]) -> None:
@@ -665,10 +642,21 @@ class MqttConnection:
             elif isinstance(packet, codec.PubRel):
                 while j < end and j - i < _BATCH and isinstance(packets[j], codec.PubRel):
                     j += 1
+                await self._stored()
                 await self._on_pubrels(packets[i:j])  # type: ignore[arg-type]
             else:
+                await self._stored()  # e.g. a retained publish, then a subscribe
                 await self._on_packet(packet)
             i = j
+
+    async def _stored(self) -> None:
+        """Wait until the PUBLISHes read so far are stored and acknowledged (or the
+        connection closes for one of them): packets other than PUBLISH see them."""
+        stores = self._stores
+        if stores is not None and len(stores):
+            await stores.drain()
+            if stores.ended:
+                raise _Disconnected  # closed with a goodbye of its own (_batch_stored)
 
     async def _on_packet(self, packet: codec.Packet) -> None:
         if isinstance(packet, codec.Subscribe):
@@ -787,25 +775,51 @@ class MqttConnection:
                 continue
             cleared.add(topic)
             self._admit_publish(packet, topic, now, items, acks, item_acks)
+        stored = PublishBatch(acks, item_acks, sum(1 for p in batch if p.qos))
         if items:
             try:
-                unstored = await self._broker.publish(items)
-            except (MessageTooLarge, InvalidName) as e:
-                failed = _PACKET_TOO_LARGE if isinstance(e, MessageTooLarge) else _TOPIC_INVALID
-                if not self._v5:
-                    raise _Close(failed, str(e)) from None
-                acks = [self._fail_ack(a, failed, str(e)) for a in acks]
-            except StorageError as e:
-                log.warning("mqtt %s: publish failed: %s", self.client_id, e)
-                if not self._v5:
-                    raise _Close(_UNSPECIFIED, str(e)) from None
-                acks = [self._fail_ack(a, _UNSPECIFIED, str(e)) for a in acks]
-            else:
-                if unstored:
-                    self._unstored(unstored, item_acks, acks)
+                stored.routed = await self._broker.route(items)
+            except (MessageTooLarge, InvalidName, StorageError) as e:
+                stored.error = e
+        stores = self._stores
+        if stores is None:
+            stores = self._stores = StoreQueue(
+                partial(store_batches, self._broker),
+                self._batch_stored,
+                limit_bytes=_STORE_QUEUE_BYTES,
+            )
+        stores.put(stored, sum(len(p.payload) for p in batch))
+        if stores.full():
+            await stores.drain()
+
+    def _batch_stored(self, batch: PublishBatch, outcome: StoreOutcome) -> bool:
+        """A batch's acks, in publish order; False once this closes the connection."""
+        try:
+            self._send_publish_acks(batch, outcome)
+        except _Close as e:
+            log.info("mqtt %s: closing: %s", self.client_id or "-", e)
+            self._goodbye(e.reason, str(e))
+            self._transport.close()
+            return False
+        return True
+
+    def _send_publish_acks(self, batch: PublishBatch, outcome: StoreOutcome) -> None:
+        acks = batch.acks
+        if isinstance(outcome, MessageTooLarge | InvalidName):
+            failed = _PACKET_TOO_LARGE if isinstance(outcome, MessageTooLarge) else _TOPIC_INVALID
+            if not self._v5:
+                raise _Close(failed, str(outcome))
+            acks = [self._fail_ack(a, failed, str(outcome)) for a in acks]
+        elif isinstance(outcome, StorageError):
+            log.warning("mqtt %s: publish failed: %s", self.client_id, outcome)
+            if not self._v5:
+                raise _Close(_UNSPECIFIED, str(outcome))
+            acks = [self._fail_ack(a, _UNSPECIFIED, str(outcome)) for a in acks]
+        elif outcome:
+            self._unstored(outcome, batch.item_acks, acks)
         self._write_acks(acks)
         if self._v5:
-            self._inbound_unacked -= sum(1 for p in batch if p.qos)
+            self._inbound_unacked -= batch.qos_count
         self._out.flush()
 
     def _admit_publish(

@@ -38,7 +38,7 @@ from polymq.storage.errors import (
 )
 from polymq.storage.model import AppendRequest, AppendResult, Message, QueueRef, StoredMessage
 
-__all__ = ["Router"]
+__all__ = ["Routed", "Router"]
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +57,27 @@ class _Plan:
     repeatable: bool
 
 
+@dataclass(slots=True)
+class Routed:
+    """Publishes handed out from memory, to be stored: ``requests[i]`` stores
+    ``items[i]``; ``woken`` are the persistent sessions to wake once stored."""
+
+    items: list[Outgoing]
+    requests: list[AppendRequest]
+    woken: list[SessionOwner]
+
+    @staticmethod
+    def join(parts: list[Routed]) -> Routed:
+        """Several in order as one (one append): item indices run on across parts."""
+        if len(parts) == 1:
+            return parts[0]
+        return Routed(
+            [item for part in parts for item in part.items],
+            [request for part in parts for request in part.requests],
+            [owner for part in parts for owner in part.woken],
+        )
+
+
 class Router:
     """Where a message goes, from the subscription index of one namespace."""
 
@@ -73,11 +94,16 @@ class Router:
         """Hand the in-memory deliveries out, then store every item with one append
         (each dispatched to its storage topic and to every queue it reaches). Returns
         the items that could not be stored (by index), with why: their storage topic's
-        node is down (:meth:`_store`).
+        node is down (:meth:`_store`)."""
+        return await self.store(await self.route(items))
+
+    async def route(self, items: list[Outgoing]) -> Routed:
+        """Hand the in-memory deliveries out and say what :meth:`store` is to append.
 
         Online clean-session subscribers do not wait for the disk: as with EMQX, what
         they get from memory is not kept for them anyway, and the publisher's ack still
-        waits for the append."""
+        waits for the append. A connection routes its publishes in order as they
+        arrive and stores them in order behind (protocols/mqtt/store_queue.py)."""
         requests = []
         memory: list[tuple[SessionOwner, Delivery]] = []
         woken: list[SessionOwner] = []
@@ -131,7 +157,14 @@ class Router:
             )
         for owner, delivery in memory:
             owner.deliver(delivery)
-        failed = await self._store(requests)
+        return Routed(items, requests, woken)
+
+    async def store(self, routed: Routed) -> dict[int, StorageError]:
+        """Append what :meth:`route` planned (one append for all, as a rule), keep
+        the retained ones, wake the persistent sessions reached; returns the items
+        not stored, by index."""
+        items, woken = routed.items, routed.woken
+        failed = await self._store(routed.requests)
         self.messages_in += len(items) - len(failed)
         for i, item in enumerate(items):
             if item.retain and i not in failed:
