@@ -5,41 +5,22 @@ for the fsync and then goes out in publish order."""
 
 from __future__ import annotations
 
-import os
 import select
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from polymq.protocols.mqtt import codec
+from tests.held_fsync import HeldFsync
 from tests.mqtt.helpers import Paho, RawClient, mqtt_server
 
 WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
 
 
-class HeldFsync:
-    """Holds every ``fdatasync`` (the server runs in this process), once armed."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.armed = threading.Event()
-        self.entered = threading.Event()
-        self.released = threading.Event()
-        real = os.fdatasync
-
-        def fdatasync(fd: int) -> None:
-            if self.armed.is_set() and not self.released.is_set():
-                self.entered.set()
-                self.released.wait(WAIT_S)
-            real(fd)
-
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-
-
 @pytest.fixture
 def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
-    fsync = HeldFsync(monkeypatch)
+    fsync = HeldFsync(monkeypatch, armed=False)
     try:
         yield fsync
     finally:

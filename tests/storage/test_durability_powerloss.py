@@ -45,6 +45,21 @@ def _check(survivors: list[bytes]) -> None:
     assert not got & TAIL_BODIES, "the non-durable tail was fsynced before its ack"
 
 
+def _amqp_survivors(data: Path, queue: str) -> list[bytes]:
+    """Restarted over ``data``: every message left in ``queue``, in order."""
+    with crash_server(data, "amqp") as port:
+        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
+        channel = connection.channel()
+        survivors = []
+        while True:
+            method, _, body = channel.basic_get(queue, auto_ack=True)
+            if method is None:
+                break
+            survivors.append(body)
+        connection.close()
+    return survivors
+
+
 def test_amqp_persistent_survive_transient_tail_does_not(tmp_path: Path) -> None:
     data, sync_log = tmp_path / "data", tmp_path / "fsyncs"
     queue = "powerloss"
@@ -59,16 +74,7 @@ def test_amqp_persistent_survive_transient_tail_does_not(tmp_path: Path) -> None
     with contextlib.suppress(Exception):
         connection.close()
     assert lose_unsynced(data, sync_log) > 0
-    with crash_server(data, "amqp") as port:
-        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-        channel = connection.channel()
-        survivors = []
-        while True:
-            method, _, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            survivors.append(body)
-        connection.close()
+    survivors = _amqp_survivors(data, queue)
     _check(survivors)
 
 
@@ -99,16 +105,7 @@ def test_amqp_persistent_without_confirms_is_written_only(tmp_path: Path) -> Non
     with contextlib.suppress(Exception):
         connection.close()
     assert lose_unsynced(data, sync_log) > 0
-    with crash_server(data, "amqp") as port:
-        connection = pika.BlockingConnection(pika.ConnectionParameters("127.0.0.1", port))
-        channel = connection.channel()
-        survivors = []
-        while True:
-            method, _, body = channel.basic_get(queue, auto_ack=True)
-            if method is None:
-                break
-            survivors.append(body)
-        connection.close()
+    survivors = _amqp_survivors(data, queue)
     assert survivors == committed, "committed lost, or unconfirmed ones fsynced"
 
 

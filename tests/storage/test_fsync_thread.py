@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import threading
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
@@ -19,31 +18,9 @@ import pytest
 from polymq.storage.engine.commit_log import CommitLog
 from polymq.storage.engine.config import Durability
 from polymq.storage.errors import StorageFailed
+from tests.held_fsync import HeldFsync
 
 WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
-
-
-class HeldFsync:
-    """Counts the commit log's ``fdatasync`` calls and holds them until released."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls = 0
-        self.entered = threading.Event()
-        self.released = threading.Event()
-        real = os.fdatasync
-
-        def fdatasync(fd: int) -> None:
-            self.calls += 1
-            self.entered.set()
-            self.released.wait(WAIT_S)
-            real(fd)
-
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-
-    async def wait_entered(self) -> None:
-        """Until the fsync thread sits in a held ``fdatasync``."""
-        loop = asyncio.get_running_loop()
-        assert await loop.run_in_executor(None, self.entered.wait, WAIT_S)
 
 
 @contextlib.asynccontextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import pytest
 
 from polymq.storage.engine import Engine
 from polymq.storage.model import AppendRequest, AppendResult, Message, QueueRef, StoredMessage
+from tests.held_fsync import HeldFsync
 
 from .conftest import EngineFactory
 
@@ -29,31 +29,9 @@ NS = "default"
 GROUP = "g"
 
 
-class HeldFsync:
-    """Holds the commit log's ``fdatasync`` calls, once armed, until released."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.armed = threading.Event()
-        self.entered = threading.Event()
-        self.released = threading.Event()
-        real = os.fdatasync
-
-        def fdatasync(fd: int) -> None:
-            if self.armed.is_set():
-                self.entered.set()
-                self.released.wait(WAIT_S)
-            real(fd)
-
-        monkeypatch.setattr(os, "fdatasync", fdatasync)
-
-    async def wait_entered(self) -> None:
-        loop = asyncio.get_running_loop()
-        assert await loop.run_in_executor(None, self.entered.wait, WAIT_S)
-
-
 @pytest.fixture
 def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
-    fsync = HeldFsync(monkeypatch)
+    fsync = HeldFsync(monkeypatch, armed=False)
     try:
         yield fsync
     finally:
