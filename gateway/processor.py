@@ -12,7 +12,7 @@ abstract model only: no protocol's types.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -207,8 +207,34 @@ class Processor:
         started = time.perf_counter()
         results = await self._storage.append(requests)
         self.append_latency.observe(caller.protocol, time.perf_counter() - started)
-        if not metered:
-            return results
+        if metered:
+            self._meter_appends(caller, namespace, requests, results)
+        return results
+
+    async def append_visible(
+        self, caller: Caller, requests: Sequence[AppendRequest]
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+        """:meth:`append`, answered once the entries are readable, with what to await
+        for the fsync the durable ones asked for: an adapter that must answer its
+        requests in order (Kafka) handles the next one while the fsync runs. Storage
+        that cannot say so (the separated form's clients) answers once durable."""
+        visible = getattr(self._storage, "append_visible", None)
+        if visible is None:
+            return await self.append(caller, requests), _nothing_to_wait_for
+        namespace = self._check_queues(caller, (q for r in requests for q in r.queues))
+        started = time.perf_counter()
+        results, durable = await visible(requests)
+        self.append_latency.observe(caller.protocol, time.perf_counter() - started)
+        self._meter_appends(caller, namespace, requests, results)
+        return results, durable
+
+    def _meter_appends(
+        self,
+        caller: Caller,
+        namespace: str,
+        requests: Sequence[AppendRequest],
+        results: Sequence[AppendResult],
+    ) -> None:
         messages = nbytes = 0
         for request, result in zip(requests, results, strict=True):
             if result.duplicate:
@@ -218,7 +244,6 @@ class Processor:
             nbytes += size
         if messages:
             self._metering.record_in(namespace, caller.protocol, messages=messages, nbytes=nbytes)
-        return results
 
     async def cancel_delayed(self, caller: Caller, message_id: str) -> bool:
         return await self._storage.cancel_delayed(self._check(caller), message_id)
@@ -440,3 +465,7 @@ class Processor:
     def _observe_age(self, caller: Caller, stored_ms: int) -> None:
         age_s = max(0, self.clock.now_ms() - stored_ms) / 1000
         self.delivery_age.observe(caller.protocol, age_s)
+
+
+async def _nothing_to_wait_for() -> None:
+    """The append already waited for everything it asked for."""

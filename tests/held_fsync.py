@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-__all__ = ["HeldFsync"]
+__all__ = ["WAIT_S", "HeldFsync"]
 
 WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
 

@@ -26,6 +26,7 @@ from kio.schema.index import api_key_map, schema_name_map
 from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
 from polymq.gateway.connections import AccountConnectionLimit, current_connection_id
 from polymq.protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
+from polymq.protocols.kafka.answers import OrderedAnswers
 from polymq.protocols.kafka.codec import (
     BadRequest,
     Request,
@@ -52,6 +53,9 @@ trace = logging.getLogger(__name__ + ".trace")
 
 # api key, api version, correlation id: what is read before the auth state is checked.
 _PREFIX_SIZE = 8
+# Answers waiting for their fsync before the connection stops reading (answers.py):
+# bounds what one producer has in flight (librdkafka's default allows a million).
+_MAX_QUEUED_ANSWERS = 64
 
 # Before SASL completes, a connection may do nothing in storage.
 _NOBODY = Principal(name="", namespaces=frozenset(), default_namespace="default")
@@ -101,9 +105,27 @@ async def serve_connection(
     )
     peer = writer.get_extra_info("peername")
     session.peer = f"/{peer[0]}" if isinstance(peer, tuple) else ""
-    loop = asyncio.get_running_loop()
     identified = not open_mode  # with SASL, the SaslAuthenticate handler identifies
     watch = PeerWatch(reader)
+    answers = OrderedAnswers(writer, limit=_MAX_QUEUED_ANSWERS)
+    try:
+        await _serve_requests(session, reader, writer, answers, principal, identified, watch)
+    finally:
+        answers.cancel()
+
+
+async def _serve_requests(
+    session: Session,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    answers: OrderedAnswers,
+    principal: Principal | None,
+    identified: bool,
+    watch: PeerWatch,
+) -> None:
+    """Read, handle and answer requests in order until the peer leaves or is closed."""
+    services = session.services
+    loop = asyncio.get_running_loop()
     while True:
         try:
             size, prefix, deadline = await _read_head(session, reader)
@@ -147,10 +169,19 @@ async def serve_connection(
         if trace.isEnabledFor(logging.DEBUG):
             _trace(session, frame, started, response)
         del frame
-        if response is not None:
+        waits = session.answer_after
+        if waits or answers.busy():
+            # An acks=all produce: answered once fsynced, in order (answers.py).
+            answers.add(response, list(waits))
+            waits.clear()
+            await answers.room()
+        elif response is not None:
             writer.write(response)
             await writer.drain()
         if session.closing:
+            await answers.drain()
+            return
+        if answers.failed:
             return
         await mute(session)
 

@@ -4,7 +4,8 @@ one connection's session (who it is, where the client reached us)."""
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from polymq.gateway.accounts import ANONYMOUS, Accounts, Principal
@@ -91,6 +92,9 @@ class Session:
     peer: str = ""  # the client's host, as Kafka shows it ("/127.0.0.1")
     sasl: Any = None  # the mechanism's exchange while HANDSHAKEN
     closing: bool = False  # close once the current response is written
+    # What the current request's answer waits for after its handler returned (an
+    # acks=all produce: its fsync); the connection answers in order meanwhile.
+    answer_after: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
     throttle_ms: int = 0  # not read for this long after the answer (KIP-219)
     listener: str = "kafka"  # whose endpoints Metadata names (kafka_tls: the TLS ones)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import struct
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from polymq.storage import batch_formats
@@ -154,6 +154,33 @@ class Appends(EnginePart):
         return record, position
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
+        done, checked = await self._reserve(requests)
+        if any(request.durable for request in requests):
+            await self._log.wait_durable()
+        else:  # what the client asked: written (readable), fsynced within the interval
+            await self._log.wait_reported()
+        return _results(done, checked)
+
+    async def append_visible(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+        """:meth:`append`, returning once the entries are readable (written), with
+        what to await for the fsync the durable ones asked for: a caller that answers
+        in order (a Kafka connection) handles its next request while the fsync runs."""
+        done, checked = await self._reserve(requests)
+        log = self._log
+        end = log.end
+        await log.wait_reported()
+        results = _results(done, checked)
+        if not any(request.durable for request in requests):
+            return results, _nothing
+        return results, lambda: log.wait_durable(end)
+
+    async def _reserve(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[list[rec.MessageRecord | AppendResult], list[tuple[AppendRequest, Any]]]:
+        """Check every request, then reserve their records (or find them stored under
+        their dedup keys), without awaiting in between."""
         await self._core.writable()
         checked = [(r, self.validate(r)) for r in requests]
         done: list[rec.MessageRecord | AppendResult] = []
@@ -175,14 +202,7 @@ class Appends(EnginePart):
                         durable=request.durable,
                     )[0]
                 )
-        if any(request.durable for request in requests):
-            await self._log.wait_durable()
-        else:  # what the client asked: written (readable), fsynced within the interval
-            await self._log.wait_reported()
-        return [
-            item if isinstance(item, AppendResult) else append_result(item, request.queues)
-            for item, (request, _) in zip(done, checked, strict=True)
-        ]
+        return done, checked
 
     def _duplicate(self, seen: Seen) -> AppendResult:
         placements = tuple(
@@ -273,6 +293,19 @@ def _as_decoded(message: Message) -> bool:
         and type(message.properties) is tuple
         and all(type(p) is tuple and type(p[1]) is bytes for p in message.properties)
     )
+
+
+def _results(
+    done: list[rec.MessageRecord | AppendResult], checked: list[tuple[AppendRequest, Any]]
+) -> list[AppendResult]:
+    return [
+        item if isinstance(item, AppendResult) else append_result(item, request.queues)
+        for item, (request, _) in zip(done, checked, strict=True)
+    ]
+
+
+async def _nothing() -> None:
+    """Nothing to wait for: no request of the append asked for durability."""
 
 
 def append_result(record: rec.MessageRecord, queues: Sequence[QueueRef]) -> AppendResult:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +203,13 @@ class Engine(Service):
 
     async def append(self, requests: Sequence[AppendRequest]) -> list[AppendResult]:
         return await self._appends.append(requests)
+
+    async def append_visible(
+        self, requests: Sequence[AppendRequest]
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+        """:meth:`append` answered once readable, with the wait for its fsync (not
+        part of :class:`StorageAPI`: the processor falls back to :meth:`append`)."""
+        return await self._appends.append_visible(requests)
 
     async def cancel_delayed(self, namespace: str, message_id: str) -> bool:
         return await self._appends.cancel_delayed(namespace, message_id)

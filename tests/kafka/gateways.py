@@ -62,7 +62,7 @@ class LossyStorage(SharedStorage):
 
     def __getattr__(self, name: str) -> Any:
         call = super().__getattr__(name)
-        if name != "append":
+        if name not in ("append", "append_visible"):  # both store, then answer
             return call
 
         async def append(*args: Any, **kwargs: Any) -> Any:

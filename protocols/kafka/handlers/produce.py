@@ -187,8 +187,11 @@ async def _poke_compactor(session: Session, pending: list[_Pending]) -> None:
 
 
 async def _append(session: Session, requests: list[AppendRequest], owners: list[_Pending]) -> None:
+    """Store the batches; durable ones are answered once fsynced, but the connection
+    reads and stores its next request meanwhile (``Session.answer_after``)."""
     try:
-        results = await session.processor.append(session.caller, requests)
+        results, durable = await session.processor.append_visible(session.caller, requests)
+        session.answer_after.append(durable)
     except (StorageError, AuthError) as e:
         # One bad partition (unknown topic, too large) fails the whole call: store
         # each partition alone so the others still get through.
