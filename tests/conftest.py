@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests import live_server as live
+from tests.held_fsync import HeldFsync
 
 FORMS = ("merged", "cluster")
 _ROOT = Path(__file__).resolve().parents[1]
@@ -76,3 +77,14 @@ def server_form(request: pytest.FixtureRequest) -> Iterator[str]:
     form = getattr(request, "param", "merged")
     with live.server_form(form):
         yield form
+
+
+@pytest.fixture
+def held_fsync(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
+    """The commit log's ``fdatasync`` held once the test sets ``armed``
+    (tests/held_fsync.py); released at the end, so no fsync thread is left waiting."""
+    fsync = HeldFsync(monkeypatch, armed=False)
+    try:
+        yield fsync
+    finally:
+        fsync.released.set()

@@ -76,7 +76,8 @@ class OrderedAnswers:
                     writer.write(answer)
                     await writer.drain()
         except Exception as e:  # storage failed the fsync, or the peer is gone
-            log.warning("kafka: closing a connection whose answers cannot be written: %r", e)
+            level = logging.INFO if isinstance(e, ConnectionError) else logging.WARNING
+            log.log(level, "kafka: closing a connection whose answers cannot be written: %r", e)
             self.failed = True
             self._queued.clear()
             writer.close()

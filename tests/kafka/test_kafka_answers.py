@@ -8,10 +8,8 @@ a produce is still answered one fsync at a time (docs/kafka.md)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from confluent_kafka import KafkaError, Message, TopicPartition
 
 from polymq.protocols.kafka.listener import kafka_listener
@@ -24,17 +22,8 @@ ONE_FORM = True  # see the docstring
 TOPIC = "held"
 
 
-@pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
-    fsync = HeldFsync(monkeypatch, armed=False)
-    try:
-        yield fsync
-    finally:
-        fsync.released.set()  # never leave an fsync thread waiting
-
-
 def test_produces_are_stored_while_an_earlier_one_waits_for_its_fsync(
-    tmp_path: Path, held: HeldFsync
+    tmp_path: Path, held_fsync: HeldFsync
 ) -> None:
     with live_server(tmp_path, ("kafka",), factories={"kafka": kafka_listener}) as server:
         host, port = server.address("kafka")
@@ -44,14 +33,16 @@ def test_produces_are_stored_while_an_earlier_one_waits_for_its_fsync(
 
         def report(error: KafkaError | None, message: Message) -> None:
             assert error is None, error
-            reports.append(message.value())
+            value = message.value()
+            assert value is not None
+            reports.append(value)
 
         producer.produce(TOPIC, b"first", on_delivery=report)
         assert producer.flush(WAIT_S) == 0  # the topic exists before the fsync is held
-        held.armed.set()
+        held_fsync.armed.set()
         producer.produce(TOPIC, b"held", on_delivery=report)
         producer.poll(0)
-        assert held.entered.wait(WAIT_S), "no fsync was asked for"
+        assert held_fsync.entered.wait(WAIT_S), "no fsync was asked for"
         producer.produce(TOPIC, b"after", on_delivery=report)
         producer.produce(TOPIC, b"and after", on_delivery=report)
         producer.poll(0)
@@ -64,6 +55,6 @@ def test_produces_are_stored_while_an_earlier_one_waits_for_its_fsync(
         assert values == [b"first", b"held", b"after", b"and after"]
         producer.poll(0)
         assert reports == [b"first"], "a produce was answered before its fsync"
-        held.released.set()
+        held_fsync.released.set()
         assert producer.flush(WAIT_S) == 0
         assert reports == [b"first", b"held", b"after", b"and after"]

@@ -6,10 +6,7 @@ for the fsync and then goes out in publish order."""
 from __future__ import annotations
 
 import select
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from polymq.protocols.mqtt import codec
 from tests.held_fsync import HeldFsync
@@ -18,22 +15,13 @@ from tests.mqtt.helpers import Paho, RawClient, mqtt_server
 WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
 
 
-@pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
-    fsync = HeldFsync(monkeypatch, armed=False)
-    try:
-        yield fsync
-    finally:
-        fsync.released.set()  # never leave an fsync thread waiting
-
-
 def _publish(raw: RawClient, packet_id: int, body: bytes) -> None:
     publish = codec.Publish(topic="held/x", payload=body, qos=1, packet_id=packet_id)
     raw.send(codec.encode(publish, 4))
 
 
 def test_publishes_flow_while_an_earlier_one_waits_for_the_fsync(
-    tmp_path: Path, held: HeldFsync
+    tmp_path: Path, held_fsync: HeldFsync
 ) -> None:
     with mqtt_server(tmp_path) as server:
         port = server.port("mqtt")
@@ -43,16 +31,16 @@ def test_publishes_flow_while_an_earlier_one_waits_for_the_fsync(
         raw.connect("publisher")
         _publish(raw, 1, b"first")  # the storage topic exists before the fsync is held
         assert raw.receive() == codec.PubAck(packet_id=1)
-        held.armed.set()
+        held_fsync.armed.set()
         _publish(raw, 2, b"held")
-        assert held.entered.wait(WAIT_S), "no fsync was asked for"
+        assert held_fsync.entered.wait(WAIT_S), "no fsync was asked for"
         _publish(raw, 3, b"after")
         _publish(raw, 4, b"and after")
         received = watcher.wait_messages(4, "the publishes read behind the held one")
         assert [m.payload for m in received] == [b"first", b"held", b"after", b"and after"]
         readable, _, _ = select.select([raw.sock], [], [], 0)
         assert not readable and not raw.pending, "a PUBACK went out before its fsync"
-        held.released.set()
+        held_fsync.released.set()
         acks = [raw.receive() for _ in range(3)]
         assert acks == [codec.PubAck(packet_id=i) for i in (2, 3, 4)]
         raw.close()

@@ -13,10 +13,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from polymq.storage.engine import Engine
 from polymq.storage.model import AppendRequest, AppendResult, Message, QueueRef, StoredMessage
@@ -27,15 +24,6 @@ from .conftest import EngineFactory
 WAIT_S = 30.0  # a bound on waiting for a condition, never a measured time
 NS = "default"
 GROUP = "g"
-
-
-@pytest.fixture
-def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldFsync]:
-    fsync = HeldFsync(monkeypatch, armed=False)
-    try:
-        yield fsync
-    finally:
-        fsync.released.set()  # never leave the fsync thread waiting
 
 
 def _append(ref: QueueRef, body: bytes) -> list[AppendRequest]:
@@ -50,41 +38,41 @@ async def _pop(engine: Engine, ref: QueueRef, wait_ms: int) -> list[StoredMessag
 
 
 async def _start_held_append(
-    engine: Engine, ref: QueueRef, held: HeldFsync
+    engine: Engine, ref: QueueRef, held_fsync: HeldFsync
 ) -> asyncio.Task[list[AppendResult]]:
     """'first' appended and answered (fsynced), then 'second' whose fsync is held."""
     await engine.append(_append(ref, b"first"))
-    held.armed.set()
+    held_fsync.armed.set()
     second = asyncio.create_task(engine.append(_append(ref, b"second")))
-    await held.wait_entered()
+    await held_fsync.wait_entered()
     return second
 
 
 async def test_a_consumer_gets_a_durable_message_before_its_fsync(
-    make_engine: EngineFactory, held: HeldFsync
+    make_engine: EngineFactory, held_fsync: HeldFsync
 ) -> None:
     async with make_engine() as engine:
         await engine.create_topic(NS, "t")
         ref = QueueRef(NS, "t", 0)
-        second = await _start_held_append(engine, ref, held)
+        second = await _start_held_append(engine, ref, held_fsync)
         got = await asyncio.wait_for(_pop(engine, ref, wait_ms=0), WAIT_S)
         assert [m.message.body for m in got] == [b"first", b"second"]
         assert not second.done()  # the publisher's confirm still waits for the fsync
-        held.released.set()
+        held_fsync.released.set()
         await asyncio.wait_for(second, WAIT_S)
 
 
 async def test_with_the_option_off_a_durable_message_waits_for_its_fsync(
-    make_engine: EngineFactory, held: HeldFsync
+    make_engine: EngineFactory, held_fsync: HeldFsync
 ) -> None:
     async with make_engine(visible_before_fsync=False) as engine:
         await engine.create_topic(NS, "t")
         ref = QueueRef(NS, "t", 0)
-        second = await _start_held_append(engine, ref, held)
+        second = await _start_held_append(engine, ref, held_fsync)
         got = await asyncio.wait_for(_pop(engine, ref, wait_ms=0), WAIT_S)
         assert [m.message.body for m in got] == [b"first"]
         waiting = asyncio.create_task(_pop(engine, ref, wait_ms=int(WAIT_S * 1000)))
-        held.released.set()  # the fsync ends: the message becomes readable
+        held_fsync.released.set()  # the fsync ends: the message becomes readable
         await asyncio.wait_for(second, WAIT_S)
         later = await asyncio.wait_for(waiting, WAIT_S)
         assert [m.message.body for m in later] == [b"second"]
@@ -103,7 +91,7 @@ def _power_loss(data_dir: Path, durable_end: int, copy: Path) -> None:
 
 
 async def test_a_power_loss_takes_back_a_consumed_unanswered_message_with_its_ack(
-    make_engine: EngineFactory, held: HeldFsync, tmp_path: Path
+    make_engine: EngineFactory, held_fsync: HeldFsync, tmp_path: Path
 ) -> None:
     """'first' is answered; 'second' is handed out and acked (both written only)
     while its own append waits for the held fsync. Cut back to the fsynced prefix:
@@ -114,7 +102,7 @@ async def test_a_power_loss_takes_back_a_consumed_unanswered_message_with_its_ac
     async with make_engine() as engine:
         await engine.create_topic(NS, "t")
         ref = QueueRef(NS, "t", 0)
-        second = await _start_held_append(engine, ref, held)
+        second = await _start_held_append(engine, ref, held_fsync)
         got = await asyncio.wait_for(_pop(engine, ref, wait_ms=0), WAIT_S)
         assert [m.message.body for m in got] == [b"first", b"second"]
         receipts = [m.receipt or "" for m in got]
@@ -123,7 +111,7 @@ async def test_a_power_loss_takes_back_a_consumed_unanswered_message_with_its_ac
         durable_end = engine._log.durable_end  # 'first' and before: fsynced
         assert durable_end < engine._log.end
         _power_loss(engine.config.data_dir, durable_end, copy)
-        held.released.set()
+        held_fsync.released.set()
         await asyncio.wait_for(second, WAIT_S)
 
     async with make_engine(data_dir=copy) as engine:
