@@ -213,14 +213,15 @@ class Processor:
 
     async def append_visible(
         self, caller: Caller, requests: Sequence[AppendRequest]
-    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]] | None]:
         """:meth:`append`, answered once the entries are readable, with what to await
-        for the fsync the durable ones asked for: an adapter that must answer its
-        requests in order (Kafka) handles the next one while the fsync runs. Storage
-        that cannot say so (the separated form's clients) answers once durable."""
+        for the fsync the durable ones asked for (None: nothing left): an adapter
+        that must answer its requests in order (Kafka) handles the next one while
+        the fsync runs. Storage that cannot say so (the separated form's clients)
+        answers once durable."""
         visible = getattr(self._storage, "append_visible", None)
         if visible is None:
-            return await self.append(caller, requests), _nothing_to_wait_for
+            return await self.append(caller, requests), None
         namespace = self._check_queues(caller, (q for r in requests for q in r.queues))
         started = time.perf_counter()
         results, durable = await visible(requests)
@@ -465,7 +466,3 @@ class Processor:
     def _observe_age(self, caller: Caller, stored_ms: int) -> None:
         age_s = max(0, self.clock.now_ms() - stored_ms) / 1000
         self.delivery_age.observe(caller.protocol, age_s)
-
-
-async def _nothing_to_wait_for() -> None:
-    """The append already waited for everything it asked for."""

@@ -163,17 +163,18 @@ class Appends(EnginePart):
 
     async def append_visible(
         self, requests: Sequence[AppendRequest]
-    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]] | None]:
         """:meth:`append`, returning once the entries are readable (written), with
-        what to await for the fsync the durable ones asked for: a caller that answers
-        in order (a Kafka connection) handles its next request while the fsync runs."""
+        what to await for the fsync the durable ones asked for (None: nothing): a
+        caller that answers in order (a Kafka connection) handles its next request
+        while the fsync runs."""
         done, checked = await self._reserve(requests)
         log = self._log
         end = log.end
         await log.wait_reported()
         results = _results(done, checked)
         if not any(request.durable for request in requests):
-            return results, _nothing
+            return results, None
         return results, lambda: log.wait_durable(end)
 
     async def _reserve(
@@ -302,10 +303,6 @@ def _results(
         item if isinstance(item, AppendResult) else append_result(item, request.queues)
         for item, (request, _) in zip(done, checked, strict=True)
     ]
-
-
-async def _nothing() -> None:
-    """Nothing to wait for: no request of the append asked for durability."""
 
 
 def append_result(record: rec.MessageRecord, queues: Sequence[QueueRef]) -> AppendResult:

@@ -206,7 +206,7 @@ class Engine(Service):
 
     async def append_visible(
         self, requests: Sequence[AppendRequest]
-    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]]]:
+    ) -> tuple[list[AppendResult], Callable[[], Awaitable[None]] | None]:
         """:meth:`append` answered once readable, with the wait for its fsync (not
         part of :class:`StorageAPI`: the processor falls back to :meth:`append`)."""
         return await self._appends.append_visible(requests)

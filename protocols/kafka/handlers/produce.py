@@ -191,7 +191,8 @@ async def _append(session: Session, requests: list[AppendRequest], owners: list[
     reads and stores its next request meanwhile (``Session.answer_after``)."""
     try:
         results, durable = await session.processor.append_visible(session.caller, requests)
-        session.answer_after.append(durable)
+        if durable is not None:
+            session.answer_after.append(durable)
     except (StorageError, AuthError) as e:
         # One bad partition (unknown topic, too large) fails the whole call: store
         # each partition alone so the others still get through.
