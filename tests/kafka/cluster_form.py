@@ -38,6 +38,7 @@ __all__ = [
 ]
 
 GATEWAYS = ("gateway-1", "gateway-2")
+_STORAGE_ERROR = 56  # KAFKA_STORAGE_ERROR: the partition's storage node is away
 _TIMEOUT_S = 60.0
 _names = itertools.count()
 
@@ -125,6 +126,7 @@ def read_partition(address: tuple[str, int], topic: str, partition: int = 0) -> 
     """Every record batch of a partition, read_uncommitted, through a raw Fetch."""
     out: list[StoredBatch] = []
     offset = 0
+    deadline = time.monotonic() + 30.0  # for the gateway to reach a restarted node
     with RawKafka(*address, timeout=30.0) as client:
         while True:
             body = {
@@ -147,6 +149,9 @@ def read_partition(address: tuple[str, int], topic: str, partition: int = 0) -> 
                 ],
             }
             answer = client.request(1, 11, body).responses[0].partitions[0]
+            if answer.error_code == _STORAGE_ERROR and time.monotonic() < deadline:
+                time.sleep(0.1)  # the node just restarted: the gateway reaches it soon
+                continue
             assert answer.error_code == 0, answer.error_code
             batches = _batches(answer.records or b"")
             if not batches:
