@@ -89,10 +89,11 @@ class StorageAPI(Protocol):
     * An append, ack, offset commit or metadata change that returned has survived a
       crash of the process (``sync`` durability: also of the machine, unless the
       append said ``durable=False``).
-    * Offsets in a queue are dense and start at 0; a message becomes readable only
-      once it is durable, so a reader never sees a message that a crash takes back
-      (a ``durable=False`` message: once written, so only a crash of the machine can
-      take it back, with everything after it).
+    * Offsets in a queue are dense and start at 0; a message becomes readable once
+      it is durable, so a reader never sees a message that a crash takes back (a
+      ``durable=False`` message, or any with the engine's ``visible_before_fsync``:
+      once written, so only a crash of the machine can take it back, with
+      everything after it).
     * Long polls (``wait_ms``) return as soon as data is there, or empty at the end.
     """
 
