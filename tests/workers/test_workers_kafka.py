@@ -6,6 +6,7 @@ there, a transactional producer's commit and abort are honoured."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Iterator
 
@@ -52,6 +53,12 @@ def _topic(workers: Workers, partitions: int = 4) -> str:
 
 
 def test_metadata_names_each_worker_at_its_own_port(workers: Workers) -> None:
+    # A worker is listed once it has registered with the parent's directory, which
+    # may come just after the workers say they are ready: wait for that first.
+    expected = sorted(workers.kafka_ports.values())
+    deadline = time.monotonic() + TIMEOUT
+    while _broker_ports(workers) != expected and time.monotonic() < deadline:
+        time.sleep(0.1)
     for _ in range(8):  # each bootstrap connection lands on either worker: all agree
         assert _broker_ports(workers) == sorted(workers.kafka_ports.values())
     assert workers.port("kafka") not in workers.kafka_ports.values()
