@@ -280,10 +280,8 @@ class ClusterStorage:
         if node is None:
             return await self._spread.append(requests)
         try:
-            return await node.client.append(requests)
+            return await self._router.send(node, lambda c: c.append(requests))
         except StorageError as exc:
-            if isinstance(exc, StorageUnavailable):
-                raise node.unreachable(exc) from exc
             if not isinstance(exc, TopicNotFound | QueueNotFound):
                 raise
             with contextlib.suppress(StorageUnavailable):
@@ -418,10 +416,11 @@ class ClusterStorage:
             node = await self._router.locate(queue.namespace, queue.topic)
             split.setdefault(node, []).append(queue)
         for node, part in split.items():
-            try:
-                await node.client.delete_group_offsets(namespace, group, part)
-            except StorageUnavailable as exc:
-                raise node.unreachable(exc) from exc
+
+            async def delete(client: NodeClient, part: list[QueueRef] = part) -> None:
+                await client.delete_group_offsets(namespace, group, part)
+
+            await self._router.send(node, delete)
 
     async def list_groups(self, namespace: str) -> list[str]:
         results = await self._router.each_live(lambda c: c.list_groups(namespace))
@@ -465,10 +464,7 @@ class ClusterStorage:
         synced = node.synced_groups.get(namespace)
         if synced is None or group not in synced:
             await self._homes.sync_group(node, namespace, group)
-        try:
-            popped = await ask.send(node.client, queues)
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        popped = await self._router.send(node, lambda c: ask.send(c, queues))
         return with_prefix(popped, node.prefix)
 
     async def _pop_spread(self, ask: PopAsk, queues: Sequence[QueueRef]) -> list[StoredMessage]:
@@ -490,10 +486,8 @@ class ClusterStorage:
 
     async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         node = self._router.receipt_node(receipt)
-        try:
-            await node.client.ack(namespace, group, receipt[len(node.prefix) :], durable=durable)
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        handle = receipt[len(node.prefix) :]
+        await self._router.send(node, lambda c: c.ack(namespace, group, handle, durable=durable))
 
     async def ack_many(
         self, namespace: str, group: str, receipts: Sequence[str], *, durable: bool = True
@@ -508,40 +502,31 @@ class ClusterStorage:
         if node is not None and node.alive:
             prefix = node.prefix
             if all(r.startswith(prefix) for r in receipts):
-                size = len(prefix)
-                try:
-                    return await node.client.ack_many(
-                        namespace, group, [r[size:] for r in receipts], durable=durable
-                    )
-                except StorageUnavailable as exc:
-                    raise node.unreachable(exc) from exc
+                handles = [r[len(prefix) :] for r in receipts]
+                return await self._router.send(
+                    node, lambda c: c.ack_many(namespace, group, handles, durable=durable)
+                )
         return await ack_spread(self._routes, namespace, group, receipts, durable=durable)
 
     async def change_invisibility(
         self, namespace: str, group: str, receipt: str, invisible_ms: int
     ) -> StoredMessage:
         node = self._router.receipt_node(receipt)
-        try:
-            message = await node.client.change_invisibility(
-                namespace, group, receipt[len(node.prefix) :], invisible_ms
-            )
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        handle = receipt[len(node.prefix) :]
+        message = await self._router.send(
+            node, lambda c: c.change_invisibility(namespace, group, handle, invisible_ms)
+        )
         return with_prefix([message], node.prefix)[0]
 
     async def nack(self, namespace: str, group: str, receipt: str, *, delay_ms: int = 0) -> None:
         node = self._router.receipt_node(receipt)
-        try:
-            await node.client.nack(namespace, group, receipt[len(node.prefix) :], delay_ms=delay_ms)
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        handle = receipt[len(node.prefix) :]
+        await self._router.send(node, lambda c: c.nack(namespace, group, handle, delay_ms=delay_ms))
 
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         node = self._router.receipt_node(receipt)
-        try:
-            await node.client.dead_letter(namespace, group, receipt[len(node.prefix) :])
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        handle = receipt[len(node.prefix) :]
+        await self._router.send(node, lambda c: c.dead_letter(namespace, group, handle))
 
     async def inflight_count(self, namespace: str, group: str, queue: QueueRef) -> int:
         return await self._router.on_topic(

@@ -56,18 +56,13 @@ class Homes:
         down) after the namespace was created lacks it: create it there when another
         node has it, so the namespace exists wherever its data goes."""
         try:
-            return await call(node.client)
+            return await self._router.send(node, call)
         except NamespaceNotFound:
             if not await self.exists(namespace, besides=node):
                 raise
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
-        try:
-            with contextlib.suppress(NamespaceAlreadyExists):
-                await node.client.create_namespace(namespace)
-            return await call(node.client)
-        except StorageUnavailable as exc:
-            raise node.unreachable(exc) from exc
+        with contextlib.suppress(NamespaceAlreadyExists):
+            await self._router.send(node, lambda c: c.create_namespace(namespace))
+        return await self._router.send(node, call)
 
     async def home(self, namespace: str) -> Node | None:
         """The namespace's home node, claimed on first use; ``None`` if no node has
@@ -94,22 +89,15 @@ class Homes:
             raise NamespaceNotFound(f"namespace {namespace!r} does not exist")
         return node
 
-    @staticmethod
-    async def call(home: Node, call: NodeCall[T]) -> T:
-        try:
-            return await call(home.client)
-        except StorageUnavailable as exc:
-            raise home.unreachable(exc) from exc
-
     async def call_if_home(self, namespace: str, call: NodeCall[T], *, absent: T) -> T:
         """``call`` on the namespace's home node; ``absent`` if no node has the
         namespace (so nothing namespace-wide is stored yet)."""
         home = await self.home(namespace)
-        return absent if home is None else await self.call(home, call)
+        return absent if home is None else await self._router.send(home, call)
 
     async def call_home(self, namespace: str, call: NodeCall[T]) -> T:
         """``call`` on the namespace's home node, which must exist."""
-        return await self.call(await self.home_for_write(namespace), call)
+        return await self._router.send(await self.home_for_write(namespace), call)
 
     # -- group configs ---------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from polymq.storage.clock import Clock
 from polymq.storage.cluster_routes import Connect, Node, NodeClient, RouteCache, RouteSource
 from polymq.storage.errors import (
     InvalidReceipt,
+    NotSent,
     QueueNotFound,
     StorageError,
     StorageUnavailable,
@@ -38,6 +39,10 @@ NodeCall = Callable[[NodeClient], Awaitable[T]]
 
 # How long the client of a node that moved stays open for the calls that picked it up.
 _REPLACED_GRACE_S = 10.0
+# How long a call its shard's old address refused waits for the routes to name the new
+# one: a takeover is a lease time (3 s by default) and a rebuild.
+_SHARD_MOVE_WAIT_S = 5.0
+_SHARD_MOVE_POLL_S = 0.1
 
 
 class Router:
@@ -242,16 +247,58 @@ class Router:
             node = found
         return node
 
+    # -- calls on one node --------------------------------------------------------------
+
+    async def send(self, node: Node, call: NodeCall[T]) -> T:
+        """``call`` on ``node``; unanswered, as :meth:`resend` says."""
+        try:
+            return await call(node.client)
+        except StorageUnavailable as exc:
+            return await self.resend(exc, node, call)
+
+    async def resend(self, exc: StorageUnavailable, node: Node, call: NodeCall[T]) -> T:
+        """``call`` on ``node`` went unanswered with ``exc``. One that was never sent
+        (:class:`NotSent`: the address refused the connection) goes once more to the
+        node's new address, if the routes now give one: a shard of the replicated pool
+        taken over by another process, or served again after a failed log, answers at
+        a new port. Nothing was sent, so nothing is done twice, and the client sees a
+        takeover as a wait (as a quorum queue's publisher waits for a new leader), not
+        as an error it must retry. Otherwise the error says which node."""
+        if isinstance(exc, NotSent) and await self._moved_from(node, exc.target):
+            try:
+                return await call(node.client)
+            except StorageUnavailable as again:
+                raise node.unreachable(again) from again
+        raise node.unreachable(exc) from exc
+
+    async def _moved_from(self, node: Node, target: str) -> bool:
+        """Whether the routes now list ``node`` alive at an address other than
+        ``target``, after a fetch; for a shard, fetched again until they do, for a
+        takeover at most (its old owner may still be listed, or have expired from the
+        routes, meanwhile). A plain node that is down stays down until someone
+        restarts it: one fetch."""
+        if not target:
+            return False
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + (_SHARD_MOVE_WAIT_S if node.status.owner else 0.0)
+        while True:
+            with contextlib.suppress(StorageUnavailable):
+                await self.refresh()
+            moved = node.alive and node.where != target
+            if moved or loop.time() >= deadline:
+                return moved
+            await asyncio.sleep(_SHARD_MOVE_POLL_S)
+
     # -- calls on one topic's node ---------------------------------------------------
 
     async def recover(
         self, exc: StorageError, node: Node, namespace: str, topic: str, call: NodeCall[T]
     ) -> T:
-        """A topic's call failed on the cached node. Unreachable: say which node. No
+        """A topic's call failed on the cached node. Unreachable: as :meth:`resend`. No
         such topic or queue there: the topic may have been deleted and created again
         on another node; if the routes now say so, the call is sent there once."""
         if isinstance(exc, StorageUnavailable):
-            raise node.unreachable(exc) from exc
+            return await self.resend(exc, node, call)
         if isinstance(exc, TopicNotFound | QueueNotFound):
             with contextlib.suppress(StorageUnavailable):
                 await self.refresh()

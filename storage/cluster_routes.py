@@ -74,8 +74,13 @@ class Node:
         self.alive = True
         self.synced_groups: dict[str, set[str]] = {}
 
+    @property
+    def where(self) -> str:
+        """The address the routes give it, as its client names its target."""
+        return f"{self.status.host}:{self.status.port}"
+
     def down(self) -> StorageUnavailable:
-        where = f"{self.status.host}:{self.status.port}"
+        where = self.where
         if self.status.owner:
             return ShardAway(f"shard {self.node_id} ({where}) is between owners")
         return StorageUnavailable(f"storage node {self.node_id} ({where}) is down")
@@ -84,7 +89,7 @@ class Node:
         """The error for a call this node did not answer. A shard of the replicated
         pool (it reports an owner) is taken over by another process: :class:`ShardAway`,
         which tells a waiting consumer to wait on."""
-        where = f"{self.status.host}:{self.status.port}"
+        where = self.where
         if self.status.owner or isinstance(cause, ShardAway):
             return ShardAway(f"shard {self.node_id} ({where}): {cause}")
         return StorageUnavailable(f"storage node {self.node_id} ({where}): {cause}")

@@ -16,6 +16,7 @@ __all__ = [
     "MessageTooLarge",
     "NamespaceAlreadyExists",
     "NamespaceNotFound",
+    "NotSent",
     "OffsetOutOfRange",
     "QueueNotFound",
     "ShardAway",
@@ -125,6 +126,16 @@ class StorageUnavailable(StorageError, code="storage_unavailable"):
     lost with its connection (the node died while answering), or spread over several
     nodes, it may have. Retry it, with its dedup key when it has one. Adapters answer
     with their protocol's retryable error."""
+
+
+class NotSent(StorageUnavailable, code="not_sent"):
+    """No connection to ``target`` could be opened, so the request never left: it took
+    no effect, and sending it again (to wherever the routes now say) cannot do it
+    twice. Raised by the client that tried, never received over the network."""
+
+    def __init__(self, message: str, *, target: str = "") -> None:
+        super().__init__(message)
+        self.target = target
 
 
 class ShardAway(StorageUnavailable, code="shard_away"):

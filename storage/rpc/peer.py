@@ -25,6 +25,7 @@ from typing import Any, cast
 
 from polymq.storage.errors import (
     InvalidArgument,
+    NotSent,
     StorageClosed,
     StorageError,
     StorageUnavailable,
@@ -213,7 +214,7 @@ class RpcClient:
         if not connection.can_write.is_set():
             await connection.can_write.wait()
             if not connection.is_open:
-                raise StorageUnavailable(f"lost the connection to {self.target}")
+                raise NotSent(f"lost the connection to {self.target}", target=self.target)
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         connection.pending[frame_id] = future
         connection.send(frame)
@@ -251,7 +252,7 @@ class RpcClient:
                     server_hostname=self.host if self._ssl is not None else None,
                 )
         except (OSError, TimeoutError) as exc:
-            raise StorageUnavailable(f"cannot reach {self.target}: {exc}") from exc
+            raise NotSent(f"cannot reach {self.target}: {exc}", target=self.target) from exc
         if self._closed:  # closed while connecting
             if connection.transport is not None:
                 connection.transport.close()
