@@ -69,6 +69,7 @@ class Workers:
     pids: dict[str, int] = field(default_factory=dict)  # worker name -> pid
     kafka_ports: dict[str, int] = field(default_factory=dict)  # worker name -> own port
     lock: threading.Condition = field(default_factory=threading.Condition)
+    reader: threading.Thread | None = None  # reads ``lines`` from the output
 
     def read(self) -> None:
         assert self.process.stdout is not None
@@ -107,7 +108,33 @@ def running_workers(
     data_dir: Path, count: int = 2, *, extra: Sequence[str] = ()
 ) -> Iterator[Workers]:
     """``polymq run --workers count`` on free ports until the block ends, then
-    SIGTERM; the block gets it once every worker logged ready."""
+    SIGTERM; the block gets it once every worker logged ready. Ports are chosen before
+    the server binds them, so another program can take one in between: a start that
+    exits on "Address already in use" is tried again on other ports."""
+    for attempt in range(1, _BIND_ATTEMPTS + 1):
+        workers = _start(data_dir, count, extra)
+        try:
+            # One worker is today's single process, whose own ready line it is.
+            ready = r"polymq\.workers: ready \(pid" if count > 1 else r"INFO polymq: ready \(pid"
+            workers.wait_line(ready, "the ready line")
+            assert len(workers.pids) == (count if count > 1 else 0), workers.lines[-20:]
+        except AssertionError:
+            _stop(workers)
+            lost_a_port = any("address already in use" in line.lower() for line in workers.lines)
+            if lost_a_port and attempt < _BIND_ATTEMPTS:
+                continue
+            raise
+        break
+    try:
+        yield workers
+    finally:
+        _stop(workers)
+
+
+_BIND_ATTEMPTS = 3
+
+
+def _start(data_dir: Path, count: int, extra: Sequence[str]) -> Workers:
     ports = dict(zip(LISTENERS, free_ports(len(LISTENERS)), strict=True))
     argv = [sys.executable, "-m", "polymq.gateway", "run", "--workers", str(count)]
     argv += ["--data-dir", str(data_dir)]
@@ -123,23 +150,23 @@ def running_workers(
         env=env,
     )
     workers = Workers(process, ports)
-    reader = threading.Thread(target=workers.read, daemon=True)
-    reader.start()
+    workers.reader = threading.Thread(target=workers.read, daemon=True)
+    workers.reader.start()
+    return workers
+
+
+def _stop(workers: Workers) -> None:
+    """SIGTERM (SIGKILL after ``TIMEOUT``), then every line it printed read."""
+    process = workers.process
+    if process.poll() is None:
+        process.send_signal(signal.SIGTERM)
     try:
-        # One worker is today's single process, whose own ready line it is.
-        ready = r"polymq\.workers: ready \(pid" if count > 1 else r"INFO polymq: ready \(pid"
-        workers.wait_line(ready, "the ready line")
-        assert len(workers.pids) == (count if count > 1 else 0), workers.lines[-20:]
-        yield workers
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(TIMEOUT)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        reader.join(TIMEOUT)
+        process.wait(TIMEOUT)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+    if workers.reader is not None:
+        workers.reader.join(TIMEOUT)
 
 
 def owner_pid(client_port: int, server_port: int, pids: Sequence[int]) -> int | None:
