@@ -129,9 +129,10 @@ class StorageUnavailable(StorageError, code="storage_unavailable"):
 
 
 class NotSent(StorageUnavailable, code="not_sent"):
-    """No connection to ``target`` could be opened, so the request never left: it took
-    no effect, and sending it again (to wherever the routes now say) cannot do it
-    twice. Raised by the client that tried, never received over the network."""
+    """The request to ``target`` took no effect: no connection could be opened, so it
+    never left, or the server was handing over (a shard passing to another process)
+    and refused it unrun. Sending it again, to wherever the routes now say, cannot do
+    it twice."""
 
     def __init__(self, message: str, *, target: str = "") -> None:
         super().__init__(message)

@@ -162,11 +162,12 @@ class StorageNode(Service):
                 client = NameserverClient([address], ssl=self._client_ssl)
                 self.tasks.spawn(_send_loop(client, slot))
 
-    async def close(self) -> None:
+    async def close(self, grace: float = 0.0) -> None:
         """Stop heartbeating and serving (requests in flight are cancelled, their
-        connections dropped), then close the engine."""
+        connections dropped; with ``grace``, a hand-over, as ``RpcServer.close``
+        says), then close the engine."""
         await super().close()  # first: the heartbeats, so none says a closing node is up
-        await self._server.close()
+        await self._server.close(grace)
         await self.engine.close()
 
     # -- the node's own calls --------------------------------------------------------

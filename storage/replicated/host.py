@@ -35,6 +35,10 @@ __all__ = ["ShardHost"]
 log = logging.getLogger(__name__)
 
 _CLOSE_TIMEOUT_S = 60.0
+# A shard given up in good order lets the calls it is running finish (a JetStream
+# publish: milliseconds) and refuses new ones unrun, so no client sees a write that
+# took effect fail; long polls are cut at once.
+_HAND_OVER_GRACE_S = 2.0
 _FIRST_TICK_S = 30.0  # as the pool's wait for JetStream to answer at all
 NodeFactory = Callable[[Engine, str, int], StorageNode]  # engine, shard, epoch
 
@@ -188,7 +192,7 @@ class ShardHost(Service):
             # Closing checkpoints (bounded calls to NATS); a hand-over must not wait
             # for ever on one, the stream has every acknowledged record anyway.
             async with asyncio.timeout(_CLOSE_TIMEOUT_S):
-                await served.node.close()
+                await served.node.close(grace=_HAND_OVER_GRACE_S if release else 0.0)
         except TimeoutError:
             log.error("shard %s: closing took over %.0f s; giving it up", shard, _CLOSE_TIMEOUT_S)
             served.log.lose(TimeoutError("closing timed out"))

@@ -140,7 +140,10 @@ class _ClientConnection(_FramedProtocol):
         elif isinstance(frame, codec.Error):
             future = self.pending.pop(frame.id, None)
             if future is not None and not future.done():
-                future.set_exception(_rebuild_error(frame))
+                error = _rebuild_error(frame)
+                if isinstance(error, NotSent):  # refused unrun by a server handing over
+                    error.target = self._target
+                future.set_exception(error)
         else:
             self.protocol_error(f"unexpected {type(frame).__name__.lower()} frame from server")
 
@@ -277,6 +280,7 @@ class _ServerConnection(_FramedProtocol):
         super().__init__(server.max_frame_bytes)
         self._server = server
         self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._long_polls: set[int] = set()  # ids of running requests with a wait_ms
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
@@ -286,6 +290,10 @@ class _ServerConnection(_FramedProtocol):
         if isinstance(frame, codec.Request):
             if frame.id in self._tasks:
                 self.protocol_error(f"request id {frame.id} is already in use")
+                return
+            if self._server.handing_over:
+                message = f"{frame.method} not run: this server is handing over"
+                self.send(codec.encode_error(frame.id, NotSent.code, message))
                 return
             handler = self._server.handlers.get(frame.method)
             if handler is None:
@@ -298,6 +306,8 @@ class _ServerConnection(_FramedProtocol):
             self._server.requests_served += 1
             loop = asyncio.get_running_loop()
             run = self._run(frame, handler)
+            if frame.kwargs.get("wait_ms"):
+                self._long_polls.add(frame.id)
             if not self._server.eager_start:
                 self._tasks[frame.id] = loop.create_task(run)
                 return
@@ -344,6 +354,7 @@ class _ServerConnection(_FramedProtocol):
             )
         finally:
             self._tasks.pop(request.id, None)
+            self._long_polls.discard(request.id)
         if self.is_open:
             self.send(answer)
 
@@ -363,10 +374,20 @@ class _ServerConnection(_FramedProtocol):
         for task in self._tasks.values():
             task.cancel()  # e.g. a waiting pop: its messages go back, not to a dead client
 
-    def abort(self) -> list[asyncio.Task[None]]:
+    def finishing(self) -> list[asyncio.Task[None]]:
+        """The requests running that a hand-over lets finish: all but long polls."""
+        return [task for id_, task in self._tasks.items() if id_ not in self._long_polls]
+
+    def abort(self, *, flush: bool = False) -> list[asyncio.Task[None]]:
+        """Cancel the requests running and drop the connection; ``flush``: after
+        writing the answers already queued (closed, not reset)."""
         tasks = list(self._tasks.values())
         if self.transport is not None:
-            self.transport.abort()
+            if flush:
+                self._flush()
+                self.transport.close()
+            else:
+                self.transport.abort()
         for task in tasks:
             task.cancel()
         return tasks
@@ -451,6 +472,7 @@ class RpcServer:
         self.requests_served = 0
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
+        self.handing_over = False
 
     async def start(self) -> None:
         loop = asyncio.get_running_loop()
@@ -466,13 +488,26 @@ class RpcServer:
         host, port = self._server.sockets[0].getsockname()[:2]
         return host, port
 
-    async def close(self) -> None:
-        """Stop accepting, drop every connection and cancel the requests in flight."""
+    async def close(self, grace: float = 0.0) -> None:
+        """Stop accepting, drop every connection and cancel the requests in flight.
+
+        ``grace`` (seconds) makes it a hand-over, as when a shard passes to another
+        process. Requests that arrive meanwhile are answered :class:`NotSent`: they
+        were not run, so the client may send them to the new address. Those in
+        flight, long polls aside, get up to ``grace`` to finish and be answered. Cut
+        off instead, a write that took effect looks failed to its client, whose retry
+        then finds it done: a deleted message's second delete is a stale receipt."""
         server, self._server = self._server, None
         if server is None:
             return
         server.close()
-        tasks = [task for connection in list(self._connections) for task in connection.abort()]
+        connections = list(self._connections)
+        if grace > 0:
+            self.handing_over = True
+            finishing = [task for connection in connections for task in connection.finishing()]
+            if finishing:
+                await asyncio.wait(finishing, timeout=grace)
+        tasks = [task for c in connections for task in c.abort(flush=grace > 0)]
         if tasks:
             await asyncio.gather(*tasks, return_exceptions=True)
         await server.wait_closed()

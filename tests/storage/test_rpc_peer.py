@@ -316,6 +316,48 @@ async def test_lost_connection_fails_calls_in_flight_then_reconnects() -> None:
         await restarted.close()
 
 
+async def test_a_hand_over_answers_the_calls_in_flight_and_refuses_new_ones_unrun(
+    serve: ServerFactory, clients: Any
+) -> None:
+    """``close(grace)``: a write in flight finishes and is answered (cut off, its
+    client would see a write that took effect fail); a long poll is cut at once; a
+    call arriving meanwhile is refused as NotSent, naming the address, and never
+    runs."""
+    release = asyncio.Event()
+    writing = asyncio.Event()
+    ran: list[str] = []
+
+    async def write(body: str) -> str:
+        writing.set()
+        await release.wait()
+        ran.append(body)
+        return body
+
+    long_poll = Blocking()
+
+    async def pop(wait_ms: int) -> None:
+        await long_poll()
+
+    server = await serve({"write": write, "pop": pop})
+    client = clients(server)
+    written = asyncio.ensure_future(client.call("write", "first"))
+    polled = asyncio.ensure_future(client.call("pop", wait_ms=30_000))
+    async with asyncio.timeout(WAIT):
+        await writing.wait()
+        await long_poll.started.wait()
+        # Were the long poll waited for, the close would outlast the timeout.
+        closing = asyncio.ensure_future(server.close(grace=3 * WAIT))
+        with pytest.raises(errors.NotSent) as refused:
+            await client.call("write", "second")
+        assert refused.value.target == client.target
+        release.set()
+        assert await written == "first"
+        await closing
+        with pytest.raises(errors.StorageUnavailable):
+            await polled
+    assert ran == ["first"]
+
+
 async def test_closed_client_refuses_calls(serve: ServerFactory) -> None:
     client = RpcClient(*(await serve({"echo": echo})).address)
     assert await client.call("echo") == [[], {}]
