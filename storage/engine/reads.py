@@ -113,11 +113,11 @@ class Reads(EnginePart):
                 queue.waiters = []
             queue.waiters.append(future)
         until = deadline_ms if wake_at_ms is None else min(deadline_ms, wake_at_ms)
-        sleeper = asyncio.ensure_future(self._core.clock.sleep_until(until))
+        stop_alarm = self._core.clock.wake_at(until, future)
         try:
-            await asyncio.wait([future, sleeper], return_when=asyncio.FIRST_COMPLETED)
+            await future
         finally:
-            sleeper.cancel()
+            stop_alarm()
             future.cancel()
             for queue in watched:
                 if queue.waiters and future in queue.waiters:
