@@ -632,6 +632,25 @@ def consumer(engine: Engine, group: str, queue: QueueRef, *, ack_many: bool) -> 
     return call
 
 
+def woken_consumer(engine: Engine, group: str, queue: QueueRef, body: bytes) -> Call:
+    """One message at a time, as at everyday rates: a pop waits at the empty end, an
+    append wakes it, then the ack. What a long poll's wake-up costs shows here."""
+    request = [AppendRequest(entry=Message(body=body), queues=(queue,), durable=False)]
+
+    async def call() -> int:
+        popping = asyncio.ensure_future(
+            engine.pop(NS, group, [queue], max_messages=1, wait_ms=60_000, durable=False)
+        )
+        await asyncio.sleep(0)  # the pop is waiting before the append comes
+        await engine.append(request)
+        [message] = await popping
+        assert message.receipt is not None
+        await engine.ack(NS, group, message.receipt, durable=False)
+        return 1
+
+    return call
+
+
 async def run_pop(report: Report, limits: Limits, tmp: Path) -> None:
     progress(
         f"pop: pop(max_messages={POP_MAX}) then ack each awaited one by one, or ack_many; "
@@ -669,6 +688,16 @@ async def run_pop(report: Report, limits: Limits, tmp: Path) -> None:
                             measured,
                         )
                         report.rows.append(row)
+        with scratch(tmp, "wake") as data_dir:
+            async with Engine(engine_config(data_dir, Durability.ASYNC)) as engine:
+                await engine.create_topic(NS, "wake")
+                queue = QueueRef(NS, "wake", 0)
+                measured = await measure(
+                    [woken_consumer(engine, "woken", queue, data)],
+                    max_msgs=msg_cap(limits, body),
+                    seconds=limits.seconds,
+                )
+                report.rows.append(make_row("pop", "woken pop1+ack", body, "-", 1, measured))
 
 
 # ---------------------------------------------------------------------------- memory

@@ -53,6 +53,7 @@ def expected_keys() -> set[str]:
             for concurrency in (1, 8):
                 for how in ("ack", "ack_many"):
                     keys.add(f"pop/pop32+{how}/{body}/{durability}/c{concurrency}")
+        keys.add(f"pop/woken pop1+ack/{body}/-/c1")
     return keys
 
 
