@@ -1,4 +1,4 @@
-"""The network fuzzer, bounded for CI: every saved regression input, then about 30 s
+"""The network fuzzer, bounded for CI: every saved regression input, then about 20 s
 of mutated sessions on every listener, against real processes of each form. Per
 protocol: nothing crashed, hung, failed a well-behaved client's round trip or kept a
 never-finished handshake open; per form: memory stayed bounded.
@@ -23,7 +23,7 @@ from tests.netfuzz.servers import FORMS
 ONE_FORM = True  # starts its own server processes, one form per parameter
 pytestmark = pytest.mark.timeout(600)
 
-SECONDS = float(os.environ.get("NETFUZZ_SECONDS", "30"))
+SECONDS = float(os.environ.get("NETFUZZ_SECONDS", "20"))
 SETTINGS = Settings(seconds=SECONDS, seed=int(os.environ.get("NETFUZZ_SEED", "1")))
 
 # Parts whose fix another change is still bringing: expected to fail until it lands
