@@ -880,12 +880,18 @@ class MqttConnection:
                 self._fail_ack(acks[item_acks[i]], _UNSPECIFIED, str(unstored[i]))
 
     def _write_acks(self, acks: list[codec.Packet]) -> None:
+        """Record each stored QoS 2 PUBLISH (a resent one is not stored twice) and
+        send the acks, unless the connection is closing: publishes stored after the
+        server's DISCONNECT (v5 3.14.4: nothing may follow it) or the client's
+        leaving are acknowledged by the session, not on the wire."""
         assert self._session is not None
         session = self._session
+        closing = self.state is ConnectionState.CLOSING
         for ack in acks:
             if isinstance(ack, codec.PubRec) and not ack.reason:
                 session.inbound_qos2.setdefault(ack.packet_id, session.release_epoch)
-            self._out.write(ack)
+            if not closing:
+                self._out.write(ack)
 
     def _fail_ack(self, ack: codec.Packet, reason: int, text: str) -> codec.Packet:
         """Turn a PUBACK/PUBREC into a failure, with a reason string if the client asked

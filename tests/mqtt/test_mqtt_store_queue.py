@@ -44,3 +44,30 @@ def test_publishes_flow_while_an_earlier_one_waits_for_the_fsync(
         acks = [raw.receive() for _ in range(3)]
         assert acks == [codec.PubAck(packet_id=i) for i in (2, 3, 4)]
         raw.close()
+
+
+def test_nothing_follows_the_servers_disconnect_while_earlier_publishes_are_stored(
+    tmp_path: Path, held_fsync: HeldFsync
+) -> None:
+    """v5 3.14.4: after its DISCONNECT the server sends nothing more. A PUBLISH over
+    the receive maximum closes the connection while the two before it still wait for
+    their fsync; once stored they are recorded, but their PUBRECs stay unsent."""
+    with mqtt_server(tmp_path, {"mqtt.receive_maximum": "2"}) as server:
+        raw = RawClient(server.port("mqtt"))
+        raw.connect("greedy")
+        first = codec.Publish(topic="rm", payload=b"x", qos=2, packet_id=1)
+        raw.send(first)  # the storage topic exists before the fsync is held
+        assert raw.receive() == codec.PubRec(packet_id=1)
+        raw.send(codec.PubRel(packet_id=1))
+        assert raw.receive() == codec.PubComp(packet_id=1)
+        held_fsync.armed.set()
+        raw.send(codec.Publish(topic="rm", payload=b"x", qos=2, packet_id=2))
+        assert held_fsync.entered.wait(WAIT_S), "no fsync was asked for"
+        for pid in (3, 4):  # three unacknowledged with the held one: one too many
+            raw.send(codec.Publish(topic="rm", payload=b"x", qos=2, packet_id=pid))
+        goodbye = codec.Disconnect(
+            reason=0x93, properties={codec.REASON_STRING: "receive maximum exceeded"}
+        )
+        assert raw.receive() == goodbye
+        held_fsync.released.set()
+        assert raw.closed() == [], "a packet followed the server's DISCONNECT"
