@@ -69,6 +69,27 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("server_form", forms, indirect=True, scope="module")
 
 
+# ``make test`` runs pytest-xdist with ``--dist loadgroup``: each group below runs on
+# one worker, in order. Tests that kill, stop or time processes (storage nodes,
+# gateways, NATS, workers) form one group, so two of them never share the machine's
+# cores; every other module is a group of its own, so its module-scoped servers are
+# built once, on one worker.
+_ONE_AT_A_TIME_FOLDERS = frozenset({"cluster", "replicated", "workers", "bench", "netfuzz"})
+_ONE_AT_A_TIME_NAMES = re.compile(r"crash|kill|flush|powerloss|failover|stress|bench")
+
+
+def _xdist_group(path: Path) -> str:
+    if path.parent.name in _ONE_AT_A_TIME_FOLDERS or _ONE_AT_A_TIME_NAMES.search(path.name):
+        return "processes"
+    return path.relative_to(_ROOT).as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.path)))
+
+
 @pytest.fixture(scope="module", autouse=True)
 def server_form(request: pytest.FixtureRequest) -> Iterator[str]:
     """The form ``live_server`` starts for this module's tests (merged when the module
