@@ -45,12 +45,13 @@ typecheck: $(STAMP)
 	@for p in $(PACKAGES); do ln -sfn ../../../$$p $(TYPECHECK_TREE)/$$p; done
 	$(BIN)/mypy
 
-# The suite runs on every core (pytest-xdist, `--dist loadgroup`): tests/conftest.py
+# The suite runs on every CPU (pytest-xdist, `--dist loadgroup`; "logical" counts
+# hyperthreads, where "auto" would count physical cores only): tests/conftest.py
 # puts the tests that kill, stop or time processes in one group, run one at a time
 # beside the rest. TEST_WORKERS=0 runs everything in one process.
 # pytest exits 5 when it collected no tests: for this project that is a broken suite,
 # so it fails loudly instead of passing as "nothing to do".
-TEST_WORKERS ?= auto
+TEST_WORKERS ?= logical
 unit: $(STAMP) $(NODE_STAMP) chromium
 	@$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS); status=$$?; \
 	if [ $$status -eq 5 ]; then echo "make: pytest collected no tests: failing" >&2; fi; \
