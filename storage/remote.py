@@ -12,11 +12,15 @@ the engine's work on a message. A node that cannot be reached raises
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping, Sequence
+from functools import partial
 from ssl import SSLContext
 from typing import Any, cast
 
 from polymq.storage import api
+from polymq.storage.errors import StorageError
 from polymq.storage.model import (
     AppendRequest,
     AppendResult,
@@ -58,6 +62,7 @@ class RemoteStorage:
     ) -> None:
         # ``ssl``: TLS to the node (``[tls] internal``), mutual with a client certificate.
         self._rpc = RpcClient(host, port, connect_timeout=connect_timeout, ssl=ssl)
+        self._giving_back: set[asyncio.Task[None]] = set()
         # ``merge_appends``: False sends every append as its own call (default:
         # MERGE_APPENDS), for side-by-side figures (bench/workers.py --merge-appends).
         merge = MERGE_APPENDS if merge_appends is None else merge_appends
@@ -74,6 +79,8 @@ class RemoteStorage:
         pass
 
     async def close(self) -> None:
+        for task in self._giving_back:
+            task.cancel()
         await self._rpc.close()
 
     # -- the node's own calls ------------------------------------------------------
@@ -248,7 +255,8 @@ class RemoteStorage:
     ) -> list[StoredMessage]:
         return cast(
             list[StoredMessage],
-            await self._rpc.call(
+            await self._rpc.call_undoable(
+                partial(self._give_back, namespace, group),
                 "pop",
                 namespace,
                 group,
@@ -260,6 +268,24 @@ class RemoteStorage:
                 durable=durable,
             ),
         )
+
+    def _give_back(self, namespace: str, group: str, popped: list[StoredMessage]) -> None:
+        """A pop the node answered after its caller stopped waiting (a consumer that
+        left while its long poll was being answered): those messages go back now, as
+        the node's own cancelled pop gives its messages back, instead of waiting
+        out their invisibility and arriving behind later ones."""
+        receipts = [m.receipt for m in popped if m.receipt is not None]
+        if receipts:
+            task = asyncio.get_running_loop().create_task(
+                self._nack_all(namespace, group, receipts)
+            )
+            self._giving_back.add(task)
+            task.add_done_callback(self._giving_back.discard)
+
+    async def _nack_all(self, namespace: str, group: str, receipts: list[str]) -> None:
+        for receipt in receipts:
+            with contextlib.suppress(StorageError):  # gone or redelivered meanwhile
+                await self.nack(namespace, group, receipt)
 
     async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         await self._rpc.call("ack", namespace, group, receipt, durable=durable)

@@ -39,6 +39,11 @@ log = logging.getLogger(__name__)
 
 Handler = Callable[..., Awaitable[Any]]
 
+# Cancelled undoable calls remembered per connection, in case the server answers
+# anyway; beyond this the oldest are forgotten (a server that cancelled the work
+# never answers, so the list would only grow).
+_MAX_ORPHANS = 1024
+
 
 class _FramedProtocol(asyncio.Protocol):
     """What both ends share: frames decoded as they arrive, frames written once per
@@ -129,15 +134,31 @@ class _ClientConnection(_FramedProtocol):
     def __init__(self, max_frame_bytes: int, target: str) -> None:
         super().__init__(max_frame_bytes)
         self.pending: dict[int, asyncio.Future[Any]] = {}
+        # Cancelled calls whose result, should the server answer anyway, is undone
+        # (:meth:`RpcClient.call_undoable`); oldest first, at most _MAX_ORPHANS.
+        self.orphans: dict[int, Callable[[Any], None]] = {}
         self._target = target
         self.closed = asyncio.Event()
+
+    def orphan(self, frame_id: int, undo: Callable[[Any], None]) -> None:
+        """A cancelled call the server may still answer: its result goes to ``undo``.
+        A server that cancelled the work answers nothing, so the oldest are dropped."""
+        self.orphans[frame_id] = undo
+        if len(self.orphans) > _MAX_ORPHANS:
+            del self.orphans[next(iter(self.orphans))]
 
     def frame_received(self, frame: codec.Frame) -> None:
         if isinstance(frame, codec.Result):
             future = self.pending.pop(frame.id, None)
             if future is not None and not future.done():
                 future.set_result(frame.value)
+            elif future is None and (undo := self.orphans.pop(frame.id, None)) is not None:
+                try:
+                    undo(frame.value)
+                except Exception:
+                    log.exception("rpc: undoing the late result of a cancelled call failed")
         elif isinstance(frame, codec.Error):
+            self.orphans.pop(frame.id, None)
             future = self.pending.pop(frame.id, None)
             if future is not None and not future.done():
                 error = _rebuild_error(frame)
@@ -151,6 +172,7 @@ class _ClientConnection(_FramedProtocol):
         self.closed.set()
         self.can_write.set()
         pending, self.pending = self.pending, {}
+        self.orphans.clear()
         for future in pending.values():
             if not future.done():
                 reason = f": {exc}" if exc else ""
@@ -206,6 +228,24 @@ class RpcClient:
         :class:`StorageError`. ``StorageUnavailable`` if the server cannot be reached
         or the connection drops before the answer. Cancelling the call cancels the
         server's work on it."""
+        return await self._call(None, method, args, kwargs)
+
+    async def call_undoable(
+        self, undo: Callable[[Any], None], method: str, *args: Any, **kwargs: Any
+    ) -> Any:
+        """:meth:`call`, for work whose result must not be lost (a pop hands messages
+        out). The cancel cannot reach a server that already finished, and then its
+        answer comes after the caller stopped waiting: ``undo`` gets that result, so
+        the messages go back now instead of when their invisibility runs out."""
+        return await self._call(undo, method, args, kwargs)
+
+    async def _call(
+        self,
+        undo: Callable[[Any], None] | None,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         frame_id = self._next_id = self._next_id + 1
         try:
             frame = codec.encode_request(frame_id, method, args, kwargs)
@@ -226,6 +266,8 @@ class RpcClient:
         except asyncio.CancelledError:
             if connection.pending.pop(frame_id, None) is not None and connection.is_open:
                 connection.send(codec.encode_cancel(frame_id))
+                if undo is not None:
+                    connection.orphan(frame_id, undo)
             raise
 
     async def _connect(self) -> _ClientConnection:

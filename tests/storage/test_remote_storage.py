@@ -205,6 +205,43 @@ async def test_a_pop_cancelled_while_waiting_takes_nothing(
     assert message.delivery_attempt == 1
 
 
+async def test_a_pop_answered_after_its_cancel_gives_its_messages_back(
+    node: StorageNode, remote: RemoteStorage
+) -> None:
+    """The race a consumer that leaves meets: the node finishes the pop before the
+    cancel reaches it, and answers a caller that stopped waiting. Those messages go
+    back at once (a nack each) instead of staying invisible until their invisibility
+    runs out (never, on this test's manual clock), behind later messages."""
+    handed_out = node._server.handlers["pop"]
+
+    async def finishes_anyway(*args: Any, **kwargs: Any) -> Any:
+        pop = asyncio.ensure_future(handed_out(*args, **kwargs))
+        try:
+            return await asyncio.shield(pop)
+        except asyncio.CancelledError:  # too late: the answer is on its way
+            return await pop
+
+    node._server.handlers["pop"] = finishes_anyway
+    await remote.create_topic(NS, "t")
+    popper = await started(node, remote.pop(NS, "g", [q()], wait_ms=60_000))
+    popper.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await popper
+    await remote.append([AppendRequest(entry=Message(body=b"m"), queues=(q(),))])
+    node._server.handlers["pop"] = handed_out
+    got: list[Any] = []
+
+    async def pop_again() -> bool:
+        got.extend(await remote.pop(NS, "g", [q()], wait_ms=100))
+        return bool(got)
+
+    async with asyncio.timeout(WAIT):
+        while not await pop_again():
+            pass
+    [message] = got
+    assert message.message.body == b"m" and message.delivery_attempt == 2
+
+
 async def test_pop_ack_nack_and_invisibility(remote: RemoteStorage, clock: ManualClock) -> None:
     await remote.create_topic(NS, "t")
     await remote.set_group_config(NS, "g", GroupConfig(max_delivery_attempts=5))

@@ -261,6 +261,43 @@ async def test_cancelling_a_call_cancels_the_work_on_the_server(
     assert await client.call("echo", "after") == [["after"], {}]
 
 
+async def test_a_result_answered_after_the_cancel_goes_to_undo(
+    serve: ServerFactory, clients: Any
+) -> None:
+    """A server that finished before the cancel reached it answers anyway: an
+    undoable call hands that late result to its undo; a plain call drops it."""
+    started, cancel_seen = asyncio.Event(), asyncio.Event()
+
+    async def finishes_anyway(value: str) -> str:
+        started.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            cancel_seen.set()
+        return value
+
+    server = await serve({"pop": finishes_anyway, "echo": echo})
+    client = clients(server)
+    undone: list[Any] = []
+    for call in (
+        client.call_undoable(undone.append, "pop", "undo me"),
+        client.call("pop", "dropped"),
+    ):
+        started.clear()
+        cancel_seen.clear()
+        task = asyncio.ensure_future(call)
+        async with asyncio.timeout(WAIT):
+            await started.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        async with asyncio.timeout(WAIT):
+            await cancel_seen.wait()
+    # Answers come in order on the one connection: both late ones are in by now.
+    assert await client.call("echo", "after") == [["after"], {}]
+    assert undone == ["undo me"]
+
+
 async def test_a_client_that_goes_away_has_its_work_cancelled(
     serve: ServerFactory,
 ) -> None:
