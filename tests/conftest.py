@@ -71,10 +71,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # ``make test`` runs pytest-xdist with ``--dist loadgroup``: each group below runs on
 # one worker, in order. Tests that kill, stop or time processes (storage nodes,
-# gateways, NATS, workers) form one group, so two of them never share the machine's
-# cores; every other module is a group of its own, so its module-scoped servers are
-# built once, on one worker.
-_ONE_AT_A_TIME_FOLDERS = frozenset({"cluster", "replicated", "workers", "bench", "netfuzz"})
+# gateways, NATS, workers) or drive many clients at once (the conformance suite) form
+# one group, so two of them never share the machine's cores; every other module is a
+# group of its own, so its module-scoped servers are built once, on one worker.
+_ONE_AT_A_TIME_FOLDERS = frozenset(
+    {"cluster", "replicated", "workers", "bench", "netfuzz", "conformance"}
+)
 _ONE_AT_A_TIME_NAMES = re.compile(r"crash|kill|flush|powerloss|failover|stress|bench")
 
 
