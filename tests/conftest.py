@@ -69,7 +69,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("server_form", forms, indirect=True, scope="module")
 
 
-# ``make test`` runs pytest-xdist with ``--dist loadgroup``: each group below runs on
+# ``make test TEST_WORKERS=logical`` runs pytest-xdist with ``--dist loadgroup``: each group runs on
 # one worker, in order. Tests that kill, stop or time processes (storage nodes,
 # gateways, NATS, workers) or drive many clients at once (the conformance suite) form
 # one group, so two of them never share the machine's cores; every other module is a
