@@ -12,7 +12,6 @@ the engine's work on a message. A node that cannot be reached raises
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -21,6 +20,7 @@ from typing import Any, cast
 
 from polymq.storage import api
 from polymq.storage.errors import StorageError
+from polymq.storage.lifecycle import TaskSet
 from polymq.storage.model import (
     AppendRequest,
     AppendResult,
@@ -62,7 +62,7 @@ class RemoteStorage:
     ) -> None:
         # ``ssl``: TLS to the node (``[tls] internal``), mutual with a client certificate.
         self._rpc = RpcClient(host, port, connect_timeout=connect_timeout, ssl=ssl)
-        self._giving_back: set[asyncio.Task[None]] = set()
+        self._giving_back = TaskSet(f"the storage client of {host}:{port}")
         # ``merge_appends``: False sends every append as its own call (default:
         # MERGE_APPENDS), for side-by-side figures (bench/workers.py --merge-appends).
         merge = MERGE_APPENDS if merge_appends is None else merge_appends
@@ -79,8 +79,7 @@ class RemoteStorage:
         pass
 
     async def close(self) -> None:
-        for task in self._giving_back:
-            task.cancel()
+        await self._giving_back.close()
         await self._rpc.close()
 
     # -- the node's own calls ------------------------------------------------------
@@ -275,12 +274,8 @@ class RemoteStorage:
         the node's own cancelled pop gives its messages back, instead of waiting
         out their invisibility and arriving behind later ones."""
         receipts = [m.receipt for m in popped if m.receipt is not None]
-        if receipts:
-            task = asyncio.get_running_loop().create_task(
-                self._nack_all(namespace, group, receipts)
-            )
-            self._giving_back.add(task)
-            task.add_done_callback(self._giving_back.discard)
+        if receipts and not self._giving_back.closed:
+            self._giving_back.spawn(self._nack_all(namespace, group, receipts))
 
     async def _nack_all(self, namespace: str, group: str, receipts: list[str]) -> None:
         for receipt in receipts:
