@@ -462,10 +462,13 @@ class MqttConnection:
 
     def _goodbye(self, reason: int, text: str = "") -> None:
         """DISCONNECT with a reason for v5 clients that got their CONNACK (v5 4.13)."""
-        if self._v5 and self._caller is not None and self.state is not ConnectionState.CLOSING:
+        if self.state is ConnectionState.CLOSING:
+            return
+        if self._v5 and self._caller is not None:
             props = {codec.REASON_STRING: text[:200]} if text and self._problem_info else {}
-            self._out.write(codec.Disconnect(reason=reason, properties=props))
-            self._out.flush()
+            self._out.seal(codec.Disconnect(reason=reason, properties=props))
+        else:
+            self._out.seal()
         self.state = ConnectionState.CLOSING
 
     async def take_over(self) -> None:

@@ -78,6 +78,7 @@ class Outbound:
         "_pump_wake",
         "_quota",
         "_release_task",
+        "_sealed",
         "_services",
         "_session",
         "_to_ack",
@@ -115,6 +116,7 @@ class Outbound:
         self._aliases: dict[str, int] | None = None  # for a client that allows them
         self._out = bytearray()
         self._flush_scheduled = False
+        self._sealed = False  # the server said goodbye: nothing more goes out
         self._to_ack: list[str] = []
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_wake: asyncio.Event | None = None
@@ -171,9 +173,21 @@ class Outbound:
     def write(self, packet: codec.Packet) -> None:
         self._out += codec.encode(packet, self.level)
 
+    def seal(self, last: codec.Packet | None = None) -> None:
+        """Send ``last`` (the server's DISCONNECT) and nothing after it: MQTT 5 4.13
+        makes DISCONNECT the server's final packet, so deliveries stop here and what
+        the pump still pops is given back by ``stop`` instead of sent."""
+        self.active = False
+        if last is not None:
+            self.write(last)
+        self.flush()
+        self._sealed = True
+
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self._out:
+        if self._sealed:
+            self._out.clear()
+        elif self._out:
             data = bytes(self._out)
             self._out.clear()
             self._transport.write(data)

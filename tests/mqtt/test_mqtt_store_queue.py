@@ -71,3 +71,34 @@ def test_nothing_follows_the_servers_disconnect_while_earlier_publishes_are_stor
         assert raw.receive() == goodbye
         held_fsync.released.set()
         assert raw.closed() == [], "a packet followed the server's DISCONNECT"
+
+
+def test_no_delivery_follows_the_servers_disconnect(tmp_path: Path, held_fsync: HeldFsync) -> None:
+    """v5 4.13: the server's DISCONNECT is its last packet, also for deliveries. The
+    connection it closes waits for its own publish's fsync before it ends; a message
+    published meanwhile to a topic it subscribed is not sent after the DISCONNECT."""
+    with mqtt_server(tmp_path, {"mqtt.receive_maximum": "1"}) as server:
+        port = server.port("mqtt")
+        watcher = Paho(port).connect()
+        watcher.subscribe("news", qos=0)
+        raw = RawClient(port)
+        raw.connect("leaving")
+        raw.subscribe("news", qos=0)
+        publisher = Paho(port).connect()
+        publisher.publish("news", b"before", qos=0)  # the storage topics exist before
+        assert raw.receive() == codec.Publish(topic="news", payload=b"before")
+        raw.send(codec.Publish(topic="own", payload=b"x", qos=1, packet_id=1))
+        assert raw.receive() == codec.PubAck(packet_id=1)
+        held_fsync.armed.set()
+        raw.send(codec.Publish(topic="own", payload=b"x", qos=1, packet_id=2))
+        assert held_fsync.entered.wait(WAIT_S), "no fsync was asked for"
+        raw.send(codec.Publish(topic="own", payload=b"x", qos=1, packet_id=3))
+        goodbye = codec.Disconnect(
+            reason=0x93, properties={codec.REASON_STRING: "receive maximum exceeded"}
+        )
+        assert raw.receive() == goodbye
+        publisher.publish("news", b"after the goodbye", qos=0)
+        received = watcher.wait_messages(2, "the publish after the goodbye")
+        assert [m.payload for m in received] == [b"before", b"after the goodbye"]
+        held_fsync.released.set()
+        assert raw.closed() == [], "a delivery followed the server's DISCONNECT"
