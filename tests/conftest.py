@@ -69,11 +69,12 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     metafunc.parametrize("server_form", forms, indirect=True, scope="module")
 
 
-# ``make test TEST_WORKERS=logical`` runs pytest-xdist with ``--dist loadgroup``: each group runs on
-# one worker, in order. Tests that kill, stop or time processes (storage nodes,
-# gateways, NATS, workers) or drive many clients at once (the conformance suite) form
-# one group, so two of them never share the machine's cores; every other module is a
-# group of its own, so its module-scoped servers are built once, on one worker.
+# ``make test`` runs pytest-xdist with ``--dist loadgroup``: each group runs on one
+# worker, in order; every module is a group of its own, so its module-scoped servers
+# are built once, on one worker. Tests that kill, stop or time processes (storage
+# nodes, gateways, NATS, workers) or drive many clients at once (the conformance
+# suite) are marked ``one_at_a_time`` as well: `make test` runs them after the rest,
+# in one process, so no other test's load shares the machine with them.
 _ONE_AT_A_TIME_FOLDERS = frozenset(
     {"cluster", "replicated", "workers", "bench", "netfuzz", "conformance"}
 )
@@ -89,7 +90,10 @@ def _xdist_group(path: Path) -> str:
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        item.add_marker(pytest.mark.xdist_group(_xdist_group(item.path)))
+        group = _xdist_group(item.path)
+        item.add_marker(pytest.mark.xdist_group(group))
+        if group == "processes":
+            item.add_marker(pytest.mark.one_at_a_time)
 
 
 @pytest.fixture(scope="module", autouse=True)
