@@ -5,6 +5,7 @@ server's RSS before and after.
     .venv/bin/python -m bench.idle_connections                    # as many as the fds allow
     .venv/bin/python -m bench.idle_connections --connections 10000
     .venv/bin/python -m bench.idle_connections --tracemalloc 25   # + where it went, top 25
+    .venv/bin/python -m bench.idle_connections --waves 1          # all at once
 
 polymq is started the way ``bench/_server.py`` starts it (``polymq run`` with only the
 ``mqtt`` listener, over a temporary data directory), wrapped in a few lines that
@@ -23,8 +24,12 @@ connected a paho client connects, subscribes and gets a message back, to show th
 server still serves.
 
 The "after" figures are read once the connections were idle ``IDLE_S`` (12 s): the
-server parks a TCP connection that received nothing for a while (no task), so that
-is what a server holding many idle connections holds.
+server parks a TCP connection that received nothing for a while (no task), and
+then detaches its socket from the loop's transport, so that is what a server
+holding many idle connections holds. The connections come in ``--waves`` (10)
+``WAVE_PAUSE_S`` apart, as a server's clients come over time: the memory a wave's
+transports held until they were detached is then reused by the next wave's, rather
+than all of them held at once at the peak (which the allocator keeps as RSS).
 
 One JSON line: connections, server RSS and USS before, after connecting (and a GC),
 after closing them, and bytes per connection; with ``--tracemalloc``, the traced
@@ -81,6 +86,10 @@ WARM_UP_CONNECTIONS = 200
 # TCP connection that received nothing for 5 s (MqttOptions.park_after_s), asked to
 # within another 5 s, so by then it holds them as it holds any long-idle connection.
 IDLE_S = 12.0
+# Between waves: a connection idle since its CONNACK is detached 5 s after its
+# accept (within the deadlines' 0.25 s tick).
+WAVE_PAUSE_S = 6.0
+DEFAULT_WAVES = 10
 GC_TIMEOUT_S = 120.0  # a snapshot of a traced heap of 100k connections takes a while
 PAHO_TIMEOUT_S = 30.0
 
@@ -141,14 +150,17 @@ class _Idle(asyncio.Protocol):
 
 
 def _client_process(
-    port: int, count: int, source: str, prefix: str, pipe: Connection
+    port: int, count: int, source: str, prefix: str, waves: int, pipe: Connection
 ) -> None:  # pragma: no cover - runs in a child process
-    """Open ``count`` connections from ``source``, report, hold them until told."""
+    """Open ``count`` connections from ``source`` in ``waves``, report, hold them
+    until told."""
     _raise_fd_limit()
-    asyncio.run(_hold(port, count, source, prefix, pipe))
+    asyncio.run(_hold(port, count, source, prefix, waves, pipe))
 
 
-async def _hold(port: int, count: int, source: str, prefix: str, pipe: Connection) -> None:
+async def _hold(
+    port: int, count: int, source: str, prefix: str, waves: int, pipe: Connection
+) -> None:
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(CONCURRENT_CONNECTS)
     transports: list[asyncio.BaseTransport] = []
@@ -173,9 +185,14 @@ async def _hold(port: int, count: int, source: str, prefix: str, pipe: Connectio
                 failures.append("no CONNACK")
                 transport.close()
 
-    start = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(count)))
-    seconds = time.perf_counter() - start
+    seconds = 0.0  # opening, without the pauses between waves
+    per_wave = -(-count // waves)
+    for first in range(0, count, per_wave):
+        if first:
+            await asyncio.sleep(WAVE_PAUSE_S)  # a measurement parameter (see WAVE_PAUSE_S)
+        start = time.perf_counter()
+        await asyncio.gather(*(one(i) for i in range(first, min(count, first + per_wave))))
+        seconds += time.perf_counter() - start
     pipe.send(
         {
             "opened": len(transports),
@@ -287,7 +304,7 @@ def _paho_round_trip(port: int) -> bool:
 
 
 def _open(
-    port: int, connections: int, per_process: int
+    port: int, connections: int, per_process: int, waves: int = 1
 ) -> tuple[list[Any], list[Connection], dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
     processes, pipes = [], []
@@ -298,7 +315,8 @@ def _open(
         ours, theirs = ctx.Pipe()
         source = f"127.0.0.{2 + index}"
         proc = ctx.Process(
-            target=_client_process, args=(port, count, source, f"idle-{run}-{index}", theirs)
+            target=_client_process,
+            args=(port, count, source, f"idle-{run}-{index}", waves, theirs),
         )
         proc.start()
         processes.append(proc)
@@ -347,6 +365,12 @@ def main() -> None:
         "--per-process", type=int, default=PER_CLIENT_PROCESS, help="connections per client process"
     )
     parser.add_argument(
+        "--waves",
+        type=int,
+        default=DEFAULT_WAVES,
+        help=f"open the connections in this many waves, {WAVE_PAUSE_S:g} s apart",
+    )
+    parser.add_argument(
         "--tracemalloc",
         type=int,
         default=0,
@@ -372,7 +396,7 @@ def main() -> None:
         _wait(lambda: server.fds() <= base_fds, SETTLE_TIMEOUT_S, "the warm-up to close")
         snap_before = server.collect()
         rss_before, uss_before = server.memory()
-        procs, pipes, opened = _open(port, connections, args.per_process)
+        procs, pipes, opened = _open(port, connections, args.per_process, max(1, args.waves))
         try:
             n = opened["opened"]
             _wait(
@@ -393,6 +417,7 @@ def main() -> None:
     row: dict[str, Any] = {
         "scenario": "idle mqtt connections",
         "connections": n,
+        "waves": max(1, args.waves),
         **{k: v for k, v in opened.items() if k != "opened"},
         "fd_hard_limit": hard,
         "paho_served_meanwhile": served,

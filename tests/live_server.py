@@ -136,11 +136,19 @@ def live_server(
     overrides: Mapping[str, Any] | None = None,
     config: GatewayConfig | None = None,
     factories: Mapping[str, ListenerFactory] | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
 ) -> Iterator[LiveServer]:
     """Start a gateway serving ``listeners`` in a background thread; stop it (and its
-    storage, flushed) on exit. ``factories`` defaults to the gateway's own table."""
+    storage, flushed) on exit. ``factories`` defaults to the gateway's own table;
+    ``loop_factory`` gives its loop (``uvloop.new_event_loop``: as ``polymq run``)."""
     with live_gateways(
-        data_dir, listeners, 1, overrides=overrides, config=config, factories=factories
+        data_dir,
+        listeners,
+        1,
+        overrides=overrides,
+        config=config,
+        factories=factories,
+        loop_factory=loop_factory,
     ) as (server,):
         yield server
 
@@ -154,6 +162,7 @@ def live_gateways(
     overrides: Mapping[str, Any] | None = None,
     config: GatewayConfig | None = None,
     factories: Mapping[str, ListenerFactory] | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
 ) -> Iterator[list[LiveServer]]:
     """``count`` gateways over the same storage (one engine in the merged form, the
     same storage nodes in the cluster form), each on its own free ports and each
@@ -164,7 +173,7 @@ def live_gateways(
     missing = [name for name in listeners if name not in factories]
     if missing:
         raise KeyError(f"no protocol serves listener(s) {missing}")
-    loop = asyncio.new_event_loop()
+    loop = loop_factory()
     cluster = _form == "cluster"
     started = threading.Event()
     stop: asyncio.Event | None = None

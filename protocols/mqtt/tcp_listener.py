@@ -14,12 +14,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import os
 import socket
 from typing import Any
 
 from polymq.gateway.connections import TooManyConnections, serve_connection
 from polymq.gateway.listeners import ListenerBase, ListenerContext
 from polymq.protocols.mqtt.connection import MqttConnection
+from polymq.protocols.mqtt.idle_sockets import IdleSockets, idle_sockets
 from polymq.protocols.mqtt.services import MqttServices
 from polymq.protocols.mqtt.transport import TcpTransport
 
@@ -40,6 +42,8 @@ class MqttTcpListener(ListenerBase):
         self._server: asyncio.AbstractServer | None = None
         self._served: set[_Served] = set()  # until the loop says each is gone
         self._stopping = False
+        # Parked connections' sockets, off the loop's transports (plain TCP only).
+        self._idle: IdleSockets | None = None
 
     @property
     def open_connections(self) -> int:
@@ -50,6 +54,11 @@ class MqttTcpListener(ListenerBase):
         """Connections idle with no task (for tests and the curious: it counts)."""
         served = list(self._served)  # (a copy: read from another thread in tests)
         return sum(1 for s in served if s.connection is not None and s.connection.parked)
+
+    @property
+    def detached_connections(self) -> int:
+        """Parked connections whose socket waits in :attr:`_idle`, with no transport."""
+        return len(self._idle) if self._idle is not None else 0
 
     async def start(self) -> None:
         if self._server is not None:
@@ -73,6 +82,8 @@ class MqttTcpListener(ListenerBase):
         )
         sockname = self._server.sockets[0].getsockname()
         self._address = (sockname[0], sockname[1])
+        if self._context.tls is None:  # a TLS session lives in its transport: kept
+            self._idle = idle_sockets(loop)
         self._services.start()
 
     async def stop(self) -> None:
@@ -86,6 +97,9 @@ class MqttTcpListener(ListenerBase):
         await asyncio.gather(*(s.kick() for s in served), return_exceptions=True)
         await asyncio.gather(*(_close(s) for s in served))  # their goodbyes flushed
         await server.wait_closed()
+        idle, self._idle = self._idle, None
+        if idle is not None:
+            idle.close()
         self._address = None
         await self._services.stop()
 
@@ -155,6 +169,8 @@ class MqttTcpListener(ListenerBase):
         if connection is not None and connection.parked:
             if not task.cancelled():
                 served.task = None  # idle: nothing but the connection's state held
+                if served.went_idle():  # (not the park at once after CONNACK)
+                    served.detach(self._idle)
                 return
             # Cancelled before it ran (so it could not end the connection): run it
             # again, to end.
@@ -181,6 +197,11 @@ class MqttTcpListener(ListenerBase):
         else:
             asyncio.get_running_loop().call_later(_CLOSE_GRACE_S, served.abort)
 
+    def release(self, held: int) -> None:
+        """A detached socket's descriptor taken back (or closed) by its connection."""
+        if self._idle is not None:
+            self._idle.release(held)
+
     def lost(self, served: _Served) -> None:
         """The loop says the connection is gone: forgotten once its task ended too
         (until then stop() still has the task to cancel)."""
@@ -195,6 +216,9 @@ class MqttTcpListener(ListenerBase):
         while its connection waits for bytes: then it parks (and is not asked again
         until it wakes). When to ask again, or None."""
         task = served.task
+        if task is None and served.connection is not None and served.connection.parked:
+            served.detach(self._idle)  # parked since CONNACK, and still idle
+            return None
         if task is None or task.done():
             return None  # ended, or parked
         if not self._context.connections.is_established(served.conn_id):
@@ -212,13 +236,23 @@ class MqttTcpListener(ListenerBase):
 
 
 class _Served(TcpTransport):
-    """A connection's transport that, once made, asks the listener to serve it."""
+    """A connection's transport that, once made, asks the listener to serve it.
+
+    Parked a while, it gives its loop transport up and leaves the bare socket with
+    the listener's :class:`IdleSockets` (:meth:`detach`); it takes a transport again
+    (:meth:`readable`) when the socket has something to read, or when the connection
+    writes (a delivery to an idle subscriber) or closes, and what it writes
+    meanwhile waits for it."""
 
     __slots__ = (
         "_accepted_at",
         "_active",
+        "_attaching",
+        "_held",
         "_listener",
+        "_on_attach",
         "_sleeping",
+        "_unsent",
         "conn_id",
         "connection",
         "deadline_tick",
@@ -235,10 +269,27 @@ class _Served(TcpTransport):
         self._active = True  # bytes came since the deadlines last asked
         self.conn_id = 0
         self.deadline_tick = 0  # (protocols/mqtt/deadlines.py)
+        # Detached: the socket's descriptor, held in the listener's IdleSockets (-1:
+        # not detached), then the task that gives it a transport again, what the
+        # connection wrote meanwhile, and _CLOSE or _ABORT if it asked for that.
+        self._held = -1
+        self._attaching: asyncio.Task[None] | None = None
+        self._unsent = b""
+        self._on_attach = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._listener.serve(self, self._accepted_at)
+        if self.connection is None:
+            self._listener.serve(self, self._accepted_at)
+            return
+        # A transport again, for the socket it detached.
+        unsent, self._unsent = self._unsent, b""
+        if unsent:
+            self.write(unsent)
+        if self._on_attach == _ABORT:
+            self.abort()
+        elif self._on_attach == _CLOSE:
+            self.close()
 
     def data_received(self, data: bytes) -> None:
         self._active = True
@@ -287,6 +338,107 @@ class _Served(TcpTransport):
     def ended(self, task: asyncio.Task[None]) -> None:
         self._listener.ended(self, task)
 
+    def went_idle(self) -> bool:
+        """Whether it parked because the deadlines found it idle (see :meth:`due`)."""
+        return not self._active
+
+    # -- detached: the socket without a loop transport ---------------------------------
+
+    def detach(self, idle: IdleSockets | None) -> None:
+        """Hand the socket of this parked connection to ``idle`` and drop the loop's
+        transport, when nothing is left to write (or to read) on it."""
+        transport = self._transport
+        if (
+            idle is None
+            or transport is None
+            or self._buffer
+            or self._eof
+            or transport.is_closing()
+            or transport.get_write_buffer_size()
+        ):
+            return
+        sock = transport.get_extra_info("socket")
+        if sock is None:
+            return
+        held = -1
+        try:
+            held = os.dup(sock.fileno())
+            idle.hold(held, self)
+        except OSError as e:  # out of descriptors, say: it stays attached
+            log.warning("mqtt: cannot detach an idle socket: %s", e)
+            if held >= 0:
+                os.close(held)
+            return
+        # The transport's close is not this connection's end: its socket lives on as
+        # ``held``, and closing the transport's own descriptor says nothing to the peer.
+        transport.set_protocol(_DETACHED)
+        transport.abort()
+        self._transport = None
+        self._held = held
+
+    def readable(self) -> None:
+        """The detached socket has bytes or the peer's end (IdleSockets), or the
+        connection needs to write or close: give it a transport again."""
+        held, self._held = self._held, -1
+        if held < 0:
+            return
+        self._listener.release(held)
+        loop = self._loop or asyncio.get_running_loop()
+        self._attaching = loop.create_task(self._attach(held))
+
+    async def _attach(self, held: int) -> None:
+        loop = self._loop or asyncio.get_running_loop()
+        try:
+            sock = socket.socket(fileno=held)
+        except OSError as e:
+            os.close(held)
+            self.connection_lost(e)
+            return
+        try:
+            await loop.connect_accepted_socket(lambda: self, sock)
+        except Exception as e:  # the loop closing: the connection ends here
+            sock.close()
+            self.connection_lost(e)
+        finally:
+            self._attaching = None
+
+    def _detached(self) -> bool:
+        return self._transport is None and (self._held >= 0 or self._attaching is not None)
+
+    def write(self, data: bytes) -> None:
+        if self._transport is None and self._detached():
+            self._unsent += data
+            self.readable()
+            return
+        super().write(data)
+
+    def backlog(self) -> int:
+        return super().backlog() + len(self._unsent)
+
+    def close(self) -> None:
+        if self._detached():
+            self._end_detached(_CLOSE)
+            return
+        super().close()
+
+    def abort(self) -> None:
+        if self._detached():
+            self._end_detached(_ABORT)
+            return
+        super().abort()
+
+    def _end_detached(self, how: int) -> None:
+        """Close (or abort) with no transport: at once when nothing waits to be
+        written, else once the transport it is getting has written it."""
+        if self._held >= 0 and not self._unsent:
+            held, self._held = self._held, -1
+            self._listener.release(held)
+            os.close(held)
+            self.connection_lost(None)
+            return
+        self._on_attach = max(self._on_attach, how)
+        self.readable()
+
     def due(self, now: float) -> float | None:
         return self._listener.due(self, now)
 
@@ -306,6 +458,11 @@ class _Served(TcpTransport):
         task = self.task
         if task is not None and task is not asyncio.current_task():
             await asyncio.wait([task])
+
+
+_CLOSE, _ABORT = 1, 2  # what a detached connection asked for before its transport came
+# The protocol a detached socket's old transport reports its close to: nobody.
+_DETACHED = asyncio.Protocol()
 
 
 async def _close(served: TcpTransport) -> None:

@@ -3,6 +3,7 @@ client that records what it receives, and a raw-socket client for bad input."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import socket
@@ -47,10 +48,11 @@ def mqtt_server(
     *,
     accounts: Mapping[str, str | tuple[str, str]] | None = None,
     options: MqttOptions | None = None,
+    loop_factory: Callable[[], asyncio.AbstractEventLoop] = asyncio.new_event_loop,
 ) -> Iterator[LiveServer]:
     """A gateway with both MQTT listeners; ``accounts`` (user to password, or to
     password and namespace) turns on authentication; ``options`` the adapter's
-    tunables."""
+    tunables; ``loop_factory`` its loop."""
     config = server_config(tmp_path, ("mqtt", "mqtt_ws"), overrides)
     if accounts is not None:
         auth = AuthConfig(
@@ -63,7 +65,9 @@ def mqtt_server(
         factories = {
             name: functools.partial(factory, options=options) for name, factory in FACTORIES.items()
         }
-    with live_server(tmp_path, ("mqtt", "mqtt_ws"), factories=factories, config=config) as server:
+    with live_server(
+        tmp_path, ("mqtt", "mqtt_ws"), factories=factories, config=config, loop_factory=loop_factory
+    ) as server:
         yield server
 
 

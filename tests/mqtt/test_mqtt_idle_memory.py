@@ -90,6 +90,10 @@ def test_idle_connection_heap_stays_under_budget(tmp_path: Path) -> None:
                 wait_until(lambda: len(registry) == CONNECTIONS, what="every connection")
                 # As a server holds them once idle a while: parked.
                 wait_until(lambda: listener.parked_connections == CONNECTIONS, what="all parked")
+                wait_until(
+                    lambda: listener.detached_connections == CONNECTIONS,
+                    what="every socket held without its transport",
+                )
                 after = _server_heap(__file__)
         finally:
             tracemalloc.stop()

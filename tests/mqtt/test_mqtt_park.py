@@ -1,14 +1,18 @@
 """Parked connections (protocols/mqtt/tcp_listener.py): a TCP connection idle for
-``park_after_s`` keeps its state but no task. It must still get what is published
-to it, wake for what its client sends (again and again), expire on its keep-alive
-with its will, and close on a kick or a server stop as a busy one does."""
+``park_after_s`` keeps its state but no task, and a while later hands its socket to
+the listener's epoll and drops its loop transport (detached). Either way it must
+still get what is published to it, wake for what its client sends (again and
+again), expire on its keep-alive with its will, send its will when its client
+vanishes, and close on a kick or a server stop as a busy one does."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+import uvloop
 
 from polymq.protocols.mqtt import codec
 from polymq.protocols.mqtt.options import MqttOptions
@@ -19,9 +23,16 @@ from tests.mqtt.helpers import Paho, RawClient, mqtt_server, wait_until
 PARK_AFTER_S = 0.2
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[LiveServer]:
-    with mqtt_server(tmp_path, options=MqttOptions(park_after_s=PARK_AFTER_S)) as live:
+# One form: what is tested is the gateway's connection handling, the same in both;
+# instead, both loops, since a detached socket leaves the loop's own transport.
+ONE_FORM = True
+LOOPS = {"asyncio": asyncio.new_event_loop, "uvloop": uvloop.new_event_loop}
+
+
+@pytest.fixture(params=sorted(LOOPS))
+def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LiveServer]:
+    options = MqttOptions(park_after_s=PARK_AFTER_S)
+    with mqtt_server(tmp_path, options=options, loop_factory=LOOPS[request.param]) as live:
         yield live
 
 
@@ -31,18 +42,28 @@ def _listener(server: LiveServer) -> MqttTcpListener:
     return listener
 
 
-def _parked(server: LiveServer, count: int) -> None:
+@pytest.fixture(params=["parked", "detached"])
+def idle(request: pytest.FixtureRequest, server: LiveServer) -> Callable[[int], None]:
+    """Waits until ``count`` connections are parked, or parked and detached."""
     listener = _listener(server)
-    wait_until(lambda: listener.parked_connections == count, what=f"{count} parked")
+
+    def wait(count: int) -> None:
+        wait_until(lambda: listener.parked_connections == count, what=f"{count} parked")
+        if request.param == "detached":
+            wait_until(lambda: listener.detached_connections == count, what=f"{count} detached")
+
+    return wait
 
 
-def test_parked_connections_deliver_and_wake_again_and_again(server: LiveServer) -> None:
+def test_parked_connections_deliver_and_wake_again_and_again(
+    server: LiveServer, idle: Callable[[int], None]
+) -> None:
     port = server.port("mqtt")
     sub = Paho(port).connect()
     sub.subscribe("park/t", qos=1)
     pub = Paho(port).connect()
     for round_ in range(3):
-        _parked(server, 2)  # both idle: the publisher wakes, the subscriber gets it
+        idle(2)  # both idle: the publisher wakes, the subscriber gets it
         pub.publish("park/t", f"m{round_}".encode(), qos=1)
         got = sub.wait_messages(round_ + 1)
         assert got[-1].payload == f"m{round_}".encode()
@@ -50,34 +71,39 @@ def test_parked_connections_deliver_and_wake_again_and_again(server: LiveServer)
     pub.disconnect()
 
 
-def test_a_parked_connection_answers_a_ping(server: LiveServer) -> None:
+def test_a_parked_connection_answers_a_ping(
+    server: LiveServer, idle: Callable[[int], None]
+) -> None:
     raw = RawClient(server.port("mqtt"), level=codec.LEVEL_311)
     raw.connect("pinger", keep_alive=600)
     for _ in range(3):
-        _parked(server, 1)
+        idle(1)
         raw.send(codec.PingReq())
         assert isinstance(raw.receive(), codec.PingResp)
     raw.close()
 
 
 def test_a_parked_connection_expires_on_its_keep_alive_with_its_will(
-    server: LiveServer,
+    server: LiveServer, idle: Callable[[int], None]
 ) -> None:
     port = server.port("mqtt")
     watcher = Paho(port).connect()
     watcher.subscribe("park/will", qos=1)
     raw = RawClient(port, level=codec.LEVEL_311)
-    raw.connect("silent", keep_alive=1, will_topic="park/will", will_payload=b"gone")
-    assert raw.closed() == []  # v3: closed without a word, 1.5 s after its last packet
+    raw.connect("silent", keep_alive=3, will_topic="park/will", will_payload=b"gone")
+    idle(2)  # well within the 4.5 s the keep-alive allows
+    assert raw.closed() == []  # v3: closed without a word, 4.5 s after its last packet
     got = watcher.wait_messages(1, "the will")
     assert got[0].payload == b"gone"
     watcher.disconnect()
 
 
-def test_a_parked_connection_is_closed_by_a_kick(server: LiveServer) -> None:
+def test_a_parked_connection_is_closed_by_a_kick(
+    server: LiveServer, idle: Callable[[int], None]
+) -> None:
     raw = RawClient(server.port("mqtt"))
     raw.connect("kicked", keep_alive=600)
-    _parked(server, 1)
+    idle(1)
     registry = server.gateway.connections
     (conn,) = registry.list(protocol="mqtt")
 
@@ -88,3 +114,38 @@ def test_a_parked_connection_is_closed_by_a_kick(server: LiveServer) -> None:
     packets = raw.closed()  # v5: DISCONNECT "server shutting down", then the close
     assert [type(p) for p in packets] == [codec.Disconnect]
     assert len(registry) == 0
+
+
+def test_a_parked_connection_whose_client_vanishes_sends_its_will(
+    server: LiveServer, idle: Callable[[int], None]
+) -> None:
+    port = server.port("mqtt")
+    watcher = Paho(port).connect()
+    watcher.subscribe("park/will", qos=1)
+    raw = RawClient(port, level=codec.LEVEL_311)
+    raw.connect("vanishing", keep_alive=600, will_topic="park/will", will_payload=b"gone")
+    idle(2)
+    raw.close()  # no DISCONNECT: the will goes out
+    got = watcher.wait_messages(1, "the will")
+    assert got[0].payload == b"gone"
+    wait_until(lambda: len(server.gateway.connections) == 1, what="the vanished one to end")
+    watcher.disconnect()
+
+
+def test_a_parked_subscriber_gets_a_burst_in_order(
+    server: LiveServer, idle: Callable[[int], None]
+) -> None:
+    """What is published to a detached subscriber while it gets its transport back
+    waits for it, in order."""
+    port = server.port("mqtt")
+    sub = Paho(port).connect()
+    sub.subscribe("park/burst", qos=0)
+    pub = Paho(port).connect()
+    idle(2)
+    bodies = [f"m{i}".encode() for i in range(200)]
+    for body in bodies:
+        pub.publish("park/burst", body, qos=0)
+    got = sub.wait_messages(len(bodies), "the burst")
+    assert [m.payload for m in got] == bodies
+    sub.disconnect()
+    pub.disconnect()
