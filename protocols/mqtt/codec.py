@@ -444,13 +444,16 @@ class Decoder:
         self.max_packet_bytes = max_packet_bytes
         self.max_filters = max_filters
         self._stop_after_connect = stop_after_connect
-        self._buffer = bytearray()
+        # What a feed left of a packet begun; None when nothing is (a connection
+        # that waits between packets holds no buffer, and a feed of whole packets
+        # decodes them from its own bytes, not from a copy).
+        self._buffer: bytearray | None = None
         self._declared = 0
 
     @property
     def pending_bytes(self) -> int:
         """Bytes of a packet begun but not yet whole."""
-        return len(self._buffer)
+        return len(self._buffer) if self._buffer is not None else 0
 
     @property
     def declared_size(self) -> int:
@@ -459,10 +462,14 @@ class Decoder:
         return self._declared
 
     def feed(self, data: bytes) -> list[Packet]:
-        self._buffer += data
+        buf: bytes | bytearray
+        if self._buffer is not None:
+            self._buffer += data
+            buf = self._buffer
+        else:
+            buf = data
         self._declared = 0
         packets: list[Packet] = []
-        buf = self._buffer
         pos = 0
         size = len(buf)
         while size - pos >= 2:
@@ -498,8 +505,12 @@ class Decoder:
                 self.level = packet.level
                 if self._stop_after_connect:
                     break
-        if pos:
-            del buf[:pos]
+        if pos == size:
+            self._buffer = None
+        elif self._buffer is None:  # decoded from ``data``: keep what is left of it
+            self._buffer = bytearray(data[pos:] if pos else data)
+        elif pos:
+            del self._buffer[:pos]
         return packets
 
     def _decode(self, kind: int, flags: int, body: bytes) -> Packet:

@@ -404,7 +404,7 @@ class MqttConnection:
         if isinstance(packet, codec.Publish) and packet.qos and self._v5:
             # v5 3.3.4: at most receive-maximum QoS 1/2 PUBLISHes unacknowledged
             self._inbound_unacked += 1
-            held = len(self._session.inbound_qos2) if self._session else 0
+            held = len(self._session.inbound_qos2 or ()) if self._session else 0
             if self._inbound_unacked + held > self._config.receive_maximum:
                 raise _Close(_RECEIVE_MAXIMUM_EXCEEDED, "receive maximum exceeded")
 
@@ -735,7 +735,7 @@ class MqttConnection:
         for packet in batch:
             topic = self._resolve_topic(packet)
             if topic in cleared:
-                if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+                if packet.qos == 2 and session.qos2_known(packet.packet_id):
                     acks.append(codec.PubRec(packet_id=packet.packet_id))  # a resend: stored
                     continue
                 self._admit_publish(packet, topic, now, items, acks, item_acks)
@@ -748,7 +748,7 @@ class MqttConnection:
                     _TOPIC_INVALID,
                     f"topic name with more than {self._config.max_topic_levels} levels",
                 )
-            if packet.qos == 2 and packet.packet_id in session.inbound_qos2:
+            if packet.qos == 2 and session.qos2_known(packet.packet_id):
                 acks.append(codec.PubRec(packet_id=packet.packet_id))  # a resend: stored
                 continue
             if topic.startswith("$SYS"):
@@ -892,7 +892,7 @@ class MqttConnection:
         closing = self.state is ConnectionState.CLOSING
         for ack in acks:
             if isinstance(ack, codec.PubRec) and not ack.reason:
-                session.inbound_qos2.setdefault(ack.packet_id, session.release_epoch)
+                session.qos2_arrived(ack.packet_id)
             if not closing:
                 self._out.write(ack)
 

@@ -109,13 +109,14 @@ class Session:
     owner: SessionOwner | None = None
     # QoS 2 in (v5 4.3.3): packet id -> the release epoch it arrived in, for PUBLISHes
     # answered with PUBREC whose PUBREL has not come yet. See :meth:`qos2_dedup_key`.
-    inbound_qos2: dict[int, int] = field(default_factory=dict)
+    # None while empty, as ``outbound_pubrel``: nearly always, and every session has
+    # them (docs/mqtt.md, "Memory per connection").
+    inbound_qos2: dict[int, int] | None = None
     release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
     incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
-    # PUBREL sent, PUBCOMP awaited. Packet ids as a dict's keys (values None): an
-    # empty dict weighs 64 bytes, an empty set 216, and every session has one, nearly
-    # always empty (docs/mqtt.md, "Memory per connection").
-    outbound_pubrel: dict[int, None] = field(default_factory=dict)
+    # PUBREL sent, PUBCOMP awaited: packet ids as a dict's keys (values None), since
+    # a dict of a few weighs less than a set.
+    outbound_pubrel: dict[int, None] | None = None
     # Made on first use (None until then), as are ``fresh`` (filter -> None) and
     # ``announced_at`` below: nearly always empty, and every session would have them.
     timers: list[asyncio.TimerHandle] | None = None
@@ -124,6 +125,36 @@ class Session:
     announced: bool = False
     fresh: dict[str, None] | None = None
     announced_at: dict[str, int] | None = None
+
+    def qos2_arrived(self, packet_id: int) -> None:
+        """A QoS 2 PUBLISH stored and answered with PUBREC (kept until its PUBREL)."""
+        if self.inbound_qos2 is None:
+            self.inbound_qos2 = {}
+        self.inbound_qos2.setdefault(packet_id, self.release_epoch)
+
+    def qos2_known(self, packet_id: int) -> bool:
+        return self.inbound_qos2 is not None and packet_id in self.inbound_qos2
+
+    def qos2_released(self, packet_id: int) -> bool:
+        """Its PUBREL came: forgotten. Whether it was known."""
+        inbound = self.inbound_qos2
+        if inbound is None or inbound.pop(packet_id, None) is None:
+            return False
+        if not inbound:
+            self.inbound_qos2 = None
+        return True
+
+    def pubrel_sent(self, packet_id: int) -> None:
+        if self.outbound_pubrel is None:
+            self.outbound_pubrel = {}
+        self.outbound_pubrel[packet_id] = None
+
+    def pubcomp_received(self, packet_id: int) -> None:
+        outbound = self.outbound_pubrel
+        if outbound is not None:
+            outbound.pop(packet_id, None)
+            if not outbound:
+                self.outbound_pubrel = None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -108,16 +108,18 @@ class Outbound:
         self._session: Session | None = None
         self._broker: MqttBroker | None = None
         self._caller: Caller | None = None
-        self._inflight: dict[int, _InFlight] = {}
+        # Created on first need and dropped once empty again: an idle connection
+        # stays small (an Event or a deque costs most of a kilobyte, an empty dict,
+        # list or bytearray 56-64 bytes, and servers hold tens of thousands of mostly
+        # idle connections; docs/mqtt.md, "Memory per connection").
+        self._inflight: dict[int, _InFlight] | None = None  # packet id -> unacked send
         self._next_pid = 1
-        # Created on first need: an idle connection stays small (each Event and deque
-        # costs most of a kilobyte, and servers hold tens of thousands of connections).
         self._backlog: deque[Delivery] | None = None
         self._aliases: dict[str, int] | None = None  # for a client that allows them
-        self._out = bytearray()
+        self._out: bytearray | None = None  # written, not yet flushed
         self._flush_scheduled = False
         self._sealed = False  # the server said goodbye: nothing more goes out
-        self._to_ack: list[str] = []
+        self._to_ack: list[str] | None = None  # popped, to ack without a client's ack
         self._pump_task: asyncio.Task[None] | None = None
         self._pump_wake: asyncio.Event | None = None
         # The account's quota: over its consume rate, deliveries wait (docs/quotas.md).
@@ -129,8 +131,8 @@ class Outbound:
         self._session, self._broker, self._caller = session, broker, caller
         self._quota = self._services.quotas.of(caller.principal)
         self.active = True
-        for pid in sorted(session.outbound_pubrel):
-            self._inflight[pid] = _InFlight(2, None, released=True)
+        for pid in sorted(session.outbound_pubrel or ()):
+            self._fly(pid, _InFlight(2, None, released=True))
             self.write(codec.PubRel(packet_id=pid))
         self.flush()
         self.wake()
@@ -157,21 +159,28 @@ class Outbound:
         if caller is None:
             return
         processor = self._services.processor
-        if self._to_ack:
-            await self._ack(caller, self._to_ack)
-            self._to_ack = []
-        for flight in self._inflight.values():
+        to_ack, self._to_ack = self._to_ack, None
+        if to_ack:
+            await self._ack(caller, to_ack)
+        flights, self._inflight = self._inflight, None
+        for flight in (flights or {}).values():
             if flight.receipt and not flight.released:
                 try:
                     await processor.nack(caller, POP_GROUP, flight.receipt)
                 except StorageError as e:
                     log.debug("mqtt: giving back %s failed: %s", flight.receipt, e)
-        self._inflight.clear()
 
     # -- bytes out ---------------------------------------------------------------------
 
     def write(self, packet: codec.Packet) -> None:
-        self._out += codec.encode(packet, self.level)
+        self._buffer(codec.encode(packet, self.level))
+
+    def _buffer(self, data: bytes) -> None:
+        out = self._out
+        if out is None:
+            self._out = bytearray(data)
+        else:
+            out += data
 
     def seal(self, last: codec.Packet | None = None) -> None:
         """Send ``last`` (the server's DISCONNECT) and nothing after it: MQTT 5 4.13
@@ -185,45 +194,49 @@ class Outbound:
 
     def flush(self) -> None:
         self._flush_scheduled = False
-        if self._sealed:
-            self._out.clear()
-        elif self._out:
-            data = bytes(self._out)
-            self._out.clear()
-            self._transport.write(data)
+        out, self._out = self._out, None
+        if out and not self._sealed:
+            self._transport.write(out)  # (handed over: never written to again here)
 
     def pending_bytes(self) -> int:
-        return self._transport.backlog() + len(self._out)
+        out = self._out
+        return self._transport.backlog() + (len(out) if out is not None else 0)
 
     # -- acks from the client ------------------------------------------------------------
 
     async def on_acks(self, acks: list[Ack]) -> None:
         """PUBACK / PUBREC / PUBCOMP of what we sent: free the window, ack storage."""
         assert self._session is not None and self._caller is not None
+        session = self._session
         receipts: list[str] = []
-        for ack in acks:
-            flight = self._inflight.get(ack.packet_id)
+        flights = self._inflight
+        for ack in acks if flights else ():
+            assert flights is not None
+            flight = flights.get(ack.packet_id)
             if flight is None:
                 continue
             if isinstance(ack, codec.PubRec) and not flight.released:
                 if flight.receipt:
                     receipts.append(flight.receipt)
                 if ack.reason >= 0x80:  # the client refused it: the flow ends here
-                    del self._inflight[ack.packet_id]
+                    del flights[ack.packet_id]
                     continue
                 flight.released = True
-                self._session.outbound_pubrel[ack.packet_id] = None
+                session.pubrel_sent(ack.packet_id)
                 self.write(codec.PubRel(packet_id=ack.packet_id))
             elif isinstance(ack, codec.PubAck) and flight.qos == 1:
-                del self._inflight[ack.packet_id]
+                del flights[ack.packet_id]
                 if flight.receipt:
                     receipts.append(flight.receipt)
             elif isinstance(ack, codec.PubComp) and flight.released:
-                del self._inflight[ack.packet_id]
-                self._session.outbound_pubrel.pop(ack.packet_id, None)
+                del flights[ack.packet_id]
+                session.pubcomp_received(ack.packet_id)
+        if flights is not None and not flights:
+            self._inflight = None
         self.flush()
-        receipts += self._to_ack
-        self._to_ack = []
+        to_ack, self._to_ack = self._to_ack, None
+        if to_ack:
+            receipts += to_ack
         if receipts:
             await self._ack(self._caller, receipts)
         self._drain_backlog()
@@ -277,7 +290,7 @@ class Outbound:
                 return
             if self._dropping:
                 self._dropped_until_now()
-        elif len(self._inflight) >= self.window:
+        elif len(self._inflight or ()) >= self.window:
             if self._backlog is None:
                 self._backlog = deque()
             if len(self._backlog) < _BACKLOG_LIMIT:
@@ -361,11 +374,11 @@ class Outbound:
         if self.max_packet and len(data) > self.max_packet:
             return False  # v5 3.1.2.11.4: discarded as if delivered
         if qos:
-            self._inflight[packet.packet_id] = _InFlight(qos, receipt)
+            self._fly(packet.packet_id, _InFlight(qos, receipt))
         self._services.stats.sent += 1
         if self._quota is not None:
             self._quota.consumed(PROTOCOL, len(message.body))
-        self._out += data
+        self._buffer(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -390,11 +403,11 @@ class Outbound:
         if self.max_packet and len(data) > self.max_packet:
             return False
         if qos:
-            self._inflight[pid] = _InFlight(qos, receipt)
+            self._fly(pid, _InFlight(qos, receipt))
         self._services.stats.sent += 1
         if self._quota is not None:
             self._quota.consumed(PROTOCOL, len(message.body))
-        self._out += data
+        self._buffer(data)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self.flush)
@@ -416,7 +429,7 @@ class Outbound:
         owes nothing; if it owes, :meth:`_release` goes on once it does (else the next
         acks do)."""
         backlog = self._backlog
-        while backlog and len(self._inflight) < self.window and not self._owes():
+        while backlog and len(self._inflight or ()) < self.window and not self._owes():
             self.deliver(backlog.popleft())
         if backlog and self._owes() and self._release_task is None:
             self._release_task = asyncio.get_running_loop().create_task(self._release())
@@ -434,12 +447,26 @@ class Outbound:
 
     def _allocate_pid(self) -> int:
         pid = self._next_pid
-        while pid in self._inflight or (
-            self._session is not None and pid in self._session.outbound_pubrel
-        ):
+        flights = self._inflight or ()
+        pubrels = (self._session.outbound_pubrel if self._session is not None else None) or ()
+        while pid in flights or pid in pubrels:
             pid = pid % 65535 + 1
         self._next_pid = pid % 65535 + 1
         return pid
+
+    def _fly(self, pid: int, flight: _InFlight) -> None:
+        flights = self._inflight
+        if flights is None:
+            flights = self._inflight = {}
+        flights[pid] = flight
+
+    def _ack_later(self, receipt: str) -> None:
+        """A popped message to ack with the next batch, not on a client's ack."""
+        to_ack = self._to_ack
+        if to_ack is None:
+            self._to_ack = [receipt]
+        else:
+            to_ack.append(receipt)
 
     # -- the pump: queue-based deliveries ------------------------------------------------
 
@@ -473,7 +500,7 @@ class Outbound:
                     async with asyncio.timeout(owed / 1000):
                         await wake.wait()  # or stop() ends the pump
                 continue
-            room = self.window - len(self._inflight)
+            room = self.window - len(self._inflight or ())
             shared = broker.shared_queues(session)
             queues = [q for q, _ in shared]
             if session.queue is not None:
@@ -506,8 +533,8 @@ class Outbound:
             for stored in popped:
                 self._send_stored(stored, options.get(stored.queue))
             self.flush()
-            if self._to_ack:
-                receipts, self._to_ack = self._to_ack, []
+            receipts, self._to_ack = self._to_ack, None
+            if receipts:
                 await self._ack(caller, receipts)
             if not popped and not waited:
                 with contextlib.suppress(TimeoutError):
@@ -549,7 +576,7 @@ class Outbound:
         else:
             grant = self._broker.session_grant(self._session, topic)
             if grant is None:  # unsubscribed since it was queued
-                self._to_ack.append(stored.receipt)
+                self._ack_later(stored.receipt)
                 return
             qos, ids, rap = grant
         qos = min(qos, published_qos(message))
@@ -564,7 +591,7 @@ class Outbound:
             dup=stored.delivery_attempt > 1,
         )
         if not qos or not sent:
-            self._to_ack.append(stored.receipt)
+            self._ack_later(stored.receipt)
 
 
 async def _pop_until_stale(

@@ -69,8 +69,8 @@ class Sessions:
             client_id=client_id,
             expiry_s=raw["expiry_s"],
             queue=QueueRef(self.core.namespace, queue) if queue else None,
-            inbound_qos2=inbound_from_json(raw.get("qos2_in", ())),
-            outbound_pubrel=dict.fromkeys(raw.get("qos2_out", ())),
+            inbound_qos2=inbound_from_json(raw.get("qos2_in", ())) or None,
+            outbound_pubrel=dict.fromkeys(raw.get("qos2_out", ())) or None,
             release_epoch=raw.get("release_epoch", 0),
         )
         if "incarnation" in raw:
@@ -190,8 +190,8 @@ class Sessions:
             "disconnected_ms": disconnected_ms,
             # QoS 2 flows in progress. The release epoch is saved before every
             # PUBCOMP (see qos2_dedup_key); the rest when the client leaves.
-            "qos2_in": sorted(session.inbound_qos2.items()),
-            "qos2_out": sorted(session.outbound_pubrel),
+            "qos2_in": sorted((session.inbound_qos2 or {}).items()),
+            "qos2_out": sorted(session.outbound_pubrel or ()),
             "release_epoch": session.release_epoch,
             "incarnation": session.incarnation,
             "gateway": serving,  # several gateways: the one serving it, if any
@@ -231,14 +231,15 @@ class Sessions:
         gets the same key: either its packet id is still known with its epoch, or
         (after a crash) no PUBREL was answered since it arrived, so the saved epoch is
         the one it arrived in. A packet id reused after PUBCOMP gets a later epoch."""
-        epoch = session.inbound_qos2.get(packet_id, session.release_epoch)
+        inbound = session.inbound_qos2
+        epoch = inbound.get(packet_id, session.release_epoch) if inbound else session.release_epoch
         return f"mqtt.qos2/{session.client_id}/{session.incarnation}/{packet_id}/{epoch}"
 
     async def release_qos2(self, session: Session, packet_ids: list[int]) -> list[bool]:
         """PUBRELs: forget their packet ids and move to the next release epoch, saved
         (for persistent sessions) before the PUBCOMPs go out. Returns, per packet id,
         whether it was known (v5 3.7.2.1)."""
-        known = [session.inbound_qos2.pop(pid, None) is not None for pid in packet_ids]
+        known = [session.qos2_released(pid) for pid in packet_ids]
         session.release_epoch += 1
         if session.queue is not None:  # the others read it from storage when they need it
             await self.save(session, disconnected_ms=None, announce=False)

@@ -405,7 +405,7 @@ class _Served(TcpTransport):
     def _detached(self) -> bool:
         return self._transport is None and (self._held >= 0 or self._attaching is not None)
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         if self._transport is None and self._detached():
             self._unsent += data
             self.readable()

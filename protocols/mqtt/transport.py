@@ -30,7 +30,9 @@ class Transport(Protocol):
         """The next bytes from the peer; ``b""`` once it has closed."""
         ...
 
-    def write(self, data: bytes) -> None: ...
+    def write(self, data: bytes | bytearray) -> None:
+        """Send ``data``, which the caller hands over (it is not changed afterwards)."""
+        ...
 
     def limit_packets(self, max_bytes: int) -> None:
         """The largest packet now accepted (smaller before CONNECT is accepted): a
@@ -165,7 +167,7 @@ class TcpTransport(asyncio.Protocol):
             self._waiter = future
         return future
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         transport = self._transport
         if transport is not None and not transport.is_closing():
             transport.write(data)
@@ -222,7 +224,7 @@ class WebSocketTransport:
     def __init__(self, websocket: ServerConnection) -> None:
         self._ws = websocket
         self._unread = b""
-        self._pending: list[bytes] = []
+        self._pending: list[bytes | bytearray] = []
         self._queued = 0
         self._sender: asyncio.Task[None] | None = None
         self._idle = asyncio.Event()
@@ -255,7 +257,7 @@ class WebSocketTransport:
         # message may hold a packet and the start of the next, hence the slack).
         self._ws.protocol.max_size = max_bytes + 8
 
-    def write(self, data: bytes) -> None:
+    def write(self, data: bytes | bytearray) -> None:
         self._pending.append(data)
         self._queued += len(data)
         if self._sender is None or self._sender.done():

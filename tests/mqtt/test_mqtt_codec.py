@@ -81,6 +81,20 @@ def test_round_trip_byte_by_byte(packet: codec.Packet, level: int) -> None:
     assert out == [packet]
 
 
+def test_packets_split_anywhere_over_three_reads() -> None:
+    """Whole packets decoded from a read's own bytes, what is left of one kept for the
+    next read: every way of cutting three packets into three reads gives them back."""
+    packets = [packet for packet, level in PACKETS if level == 5][:3]
+    data = b"".join(codec.encode(packet, 5) for packet in packets)
+    for first in range(len(data) + 1):
+        for second in range(first, len(data) + 1):
+            decoder = codec.Decoder(level=5)
+            out = decoder.feed(data[:first]) + decoder.feed(data[first:second])
+            out += decoder.feed(data[second:])
+            assert out == packets, (first, second)
+            assert decoder.pending_bytes == 0
+
+
 _TEXT = st.characters(exclude_characters="\x00", exclude_categories=["Cs"])
 
 
