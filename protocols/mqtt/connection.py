@@ -159,7 +159,8 @@ class MqttConnection:
         # Until CONNECT is accepted a peer may send only small packets (Kafka's
         # sasl.server.max.receive.size): an anonymous socket holds little.
         anonymous_max = services.limits.max_unauthenticated_frame_bytes
-        self._decoder = codec.Decoder(
+        # None while detached (:meth:`shed`): made again when the connection wakes.
+        self._decoder: codec.Decoder | None = codec.Decoder(
             max_packet_bytes=min(self._config.max_packet_bytes, anonymous_max),
             max_filters=self._config.max_filters_per_subscribe,
             stop_after_connect=True,
@@ -211,6 +212,8 @@ class MqttConnection:
             if self.state is ConnectionState.CONNECTED:  # again, after a park
                 packets: list[codec.Packet] = []
                 park_now = False
+                if self._decoder is None:
+                    self._decoder = self._connected_decoder()
             else:
                 # Parks at its first wait: after CONNACK a client often idles, and
                 # a reconnecting crowd's tasks are then not all held at once.
@@ -220,6 +223,7 @@ class MqttConnection:
                 if connect is None or not await self._accept(connect):
                     return
                 del connect  # not kept for the connection's life
+                assert self._decoder is not None
                 self._decoder.max_packet_bytes = self._max_packet_bytes()
                 self._transport.limit_packets(self._decoder.max_packet_bytes)
                 packets = self._decoder.feed(b"")  # what was pipelined behind CONNECT
@@ -235,6 +239,7 @@ class MqttConnection:
             keep_alive_s = self._keep_alive * 1.5 if self._keep_alive else None
             loop = asyncio.get_running_loop()
             decoder, transport = self._decoder, self._transport
+            assert decoder is not None
             drop_bytes = self._services.options.qos0_drop_bytes
             while True:
                 self._admit_all(packets)
@@ -304,6 +309,7 @@ class MqttConnection:
         """CONNECT, which must arrive within ``limits.handshake_timeout_ms`` (the TCP
         listener's own deadline says the same; this one also covers WebSocket)."""
         timeout_s = self._services.limits.handshake_timeout_ms / 1000
+        assert self._decoder is not None
         self._transport.limit_packets(self._decoder.max_packet_bytes)
         try:
             async with asyncio.timeout(timeout_s):
@@ -336,6 +342,7 @@ class MqttConnection:
         peer declaring large packets and sending them slowly holds neither its
         connection nor the process's memory for long."""
         decoder, transport = self._decoder, self._transport
+        assert decoder is not None
         if not decoder.pending_bytes:  # between packets (the usual case): nothing held
             data = await transport.read()
             if not data:
@@ -382,6 +389,21 @@ class MqttConnection:
         if task is not None and not task.done():
             task.cancel()
         return None
+
+    def shed(self) -> None:
+        """Parked a long while (its socket detached): drop the decoder, which holds
+        nothing between packets, until the connection wakes (80 bytes a connection)."""
+        if self.parked and self._decoder is not None and not self._decoder.pending_bytes:
+            self._decoder = None
+
+    def _connected_decoder(self) -> codec.Decoder:
+        """The decoder of a connection past CONNECT, as :meth:`_accept` set it up."""
+        return codec.Decoder(
+            level=self._out.level,
+            max_packet_bytes=self._max_packet_bytes(),
+            max_filters=self._config.max_filters_per_subscribe,
+            stop_after_connect=True,
+        )
 
     def kick(self) -> None:
         """End a parked connection: its transport's wake starts run() again, which
@@ -491,6 +513,7 @@ class MqttConnection:
     async def _accept(self, connect: codec.Connect) -> bool:
         self._out.level = connect.level
         self._v5 = connect.level == codec.LEVEL_5
+        assert self._decoder is not None
         self._decoder.level = connect.level
         props = connect.properties
         services = self._services

@@ -113,7 +113,9 @@ class Session:
     # them (docs/mqtt.md, "Memory per connection").
     inbound_qos2: dict[int, int] | None = None
     release_epoch: int = 0  # PUBRELs handled: a packet id reused after PUBCOMP is new
-    incarnation: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
+    # Which session of its client id this is (see :attr:`incarnation`): made on first
+    # use, since most sessions (clean ones, on one gateway) never need one.
+    _incarnation: str = field(default="", repr=False)
     # PUBREL sent, PUBCOMP awaited: packet ids as a dict's keys (values None), since
     # a dict of a few weighs less than a set.
     outbound_pubrel: dict[int, None] | None = None
@@ -125,6 +127,16 @@ class Session:
     announced: bool = False
     fresh: dict[str, None] | None = None
     announced_at: dict[str, int] | None = None
+
+    @property
+    def incarnation(self) -> str:
+        if not self._incarnation:
+            self._incarnation = uuid.uuid4().hex[:12]
+        return self._incarnation
+
+    @incarnation.setter
+    def incarnation(self, value: str) -> None:
+        self._incarnation = value
 
     def qos2_arrived(self, packet_id: int) -> None:
         """A QoS 2 PUBLISH stored and answered with PUBREC (kept until its PUBREL)."""

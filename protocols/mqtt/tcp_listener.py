@@ -375,6 +375,9 @@ class _Served(TcpTransport):
         transport.abort()
         self._transport = None
         self._held = held
+        self._accepted_at = 0.0  # long past its handshake: no float of its own kept
+        if self.connection is not None:
+            self.connection.shed()
 
     def readable(self) -> None:
         """The detached socket has bytes or the peer's end (IdleSockets), or the

@@ -26,11 +26,11 @@ ONE_FORM = True
 
 CONNECTIONS = 300
 # Bytes of Python heap per idle connection (v3.1.1, clean session, keep-alive 600 s)
-# on asyncio's loop: measured 3,660 (docs/mqtt.md, "Memory per connection"), of which
-# the socket and its selector transport are about 1,600; 10,800 before. A task kept
-# per idle connection (no park) adds 1,360, sets instead of dicts in every
-# Session 350, an asyncio.timeout for the keep-alive 620.
-BUDGET_BYTES = 3_900
+# on asyncio's loop, once parked and detached from the loop's transport: measured
+# 1,768 (docs/mqtt.md, "Memory per connection"); 3,660 before the detaching and the
+# containers made on first use, 10,800 before parking. The socket's transport kept
+# adds about 1,600, a task kept per idle connection (no park) 1,360.
+BUDGET_BYTES = 2_000
 KEEP_ALIVE_S = 600
 # Idle connections park (no task) after this long without a byte: 5 s by default.
 PARK_AFTER_S = 0.2
