@@ -83,18 +83,24 @@ def test_a_parked_connection_answers_a_ping(
     raw.close()
 
 
-def test_a_parked_connection_expires_on_its_keep_alive_with_its_will(
-    server: LiveServer, idle: Callable[[int], None]
+@pytest.mark.parametrize("end", ["keep-alive expires", "client vanishes"])
+def test_a_parked_connection_that_ends_unasked_sends_its_will(
+    server: LiveServer, idle: Callable[[int], None], end: str
 ) -> None:
     port = server.port("mqtt")
     watcher = Paho(port).connect()
     watcher.subscribe("park/will", qos=1)
     raw = RawClient(port, level=codec.LEVEL_311)
-    raw.connect("silent", keep_alive=3, will_topic="park/will", will_payload=b"gone")
-    idle(2)  # well within the 4.5 s the keep-alive allows
-    assert raw.closed() == []  # v3: closed without a word, 4.5 s after its last packet
+    keep_alive = 3 if end == "keep-alive expires" else 600
+    raw.connect("leaving", keep_alive=keep_alive, will_topic="park/will", will_payload=b"gone")
+    idle(2)  # well within the 4.5 s a keep-alive of 3 allows
+    if end == "keep-alive expires":
+        assert raw.closed() == []  # v3: closed without a word, 4.5 s after its last packet
+    else:
+        raw.close()  # no DISCONNECT: the will goes out
     got = watcher.wait_messages(1, "the will")
     assert got[0].payload == b"gone"
+    wait_until(lambda: len(server.gateway.connections) == 1, what="the leaving one to end")
     watcher.disconnect()
 
 
@@ -114,22 +120,6 @@ def test_a_parked_connection_is_closed_by_a_kick(
     packets = raw.closed()  # v5: DISCONNECT "server shutting down", then the close
     assert [type(p) for p in packets] == [codec.Disconnect]
     assert len(registry) == 0
-
-
-def test_a_parked_connection_whose_client_vanishes_sends_its_will(
-    server: LiveServer, idle: Callable[[int], None]
-) -> None:
-    port = server.port("mqtt")
-    watcher = Paho(port).connect()
-    watcher.subscribe("park/will", qos=1)
-    raw = RawClient(port, level=codec.LEVEL_311)
-    raw.connect("vanishing", keep_alive=600, will_topic="park/will", will_payload=b"gone")
-    idle(2)
-    raw.close()  # no DISCONNECT: the will goes out
-    got = watcher.wait_messages(1, "the will")
-    assert got[0].payload == b"gone"
-    wait_until(lambda: len(server.gateway.connections) == 1, what="the vanished one to end")
-    watcher.disconnect()
 
 
 def test_a_parked_subscriber_gets_a_burst_in_order(
