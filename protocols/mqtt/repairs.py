@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import logging
 from collections import deque
 from dataclasses import dataclass, field, replace
@@ -59,12 +60,23 @@ def without_owed(message: Message) -> Message:
     return replace(message, properties=message.properties[:-1])
 
 
+def copy_key(target: str, origin: QueueRef, offset: int) -> str:
+    """The dedup key of the copy into queue ``target`` of what is stored at ``origin``
+    and ``offset``: whoever makes it first (publisher or tail), storage keeps one. A
+    digest, as queue names alone may fill a key's 255 bytes."""
+    digest = hashlib.blake2b(digest_size=16)
+    for part in (target, origin.topic, str(origin.queue_id), str(offset)):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    return f"{MQTT_OWED}:{digest.hexdigest()}"
+
+
 @dataclass(eq=False)
 class _Owed:
-    source: QueueRef | None  # where the marked message is stored (None: not marked)
+    source: QueueRef | None  # where the message is stored (None: not known)
     offset: int
     message: Message  # as the queues get it
     left: set[str] = field(default_factory=set)  # queues not yet given their copy
+    held: bool = True  # a tail read it: the tail's position waits for the copies
 
 
 class Repairs:
@@ -75,8 +87,10 @@ class Repairs:
         self.core = core
         self._by_target: dict[str, deque[_Owed]] = {}
         self._tasks: dict[str, asyncio.Task[None]] = {}
-        # Per source queue, the owed messages not fully copied, in offset order.
+        # Per source queue, the owed messages a tail read, not fully copied.
         self._by_source: dict[QueueRef, dict[int, _Owed]] = {}
+        # The owed messages this gateway published and no tail here read yet.
+        self._published: dict[tuple[QueueRef, int], _Owed] = {}
         self._suspects: set[str] = set()  # queues of a failed append (suspect)
         self._prober: asyncio.Task[None] | None = None
 
@@ -123,16 +137,35 @@ class Repairs:
         return True
 
     def owe(
-        self, source: QueueRef | None, offset: int, message: Message, targets: list[str]
+        self,
+        source: QueueRef | None,
+        offset: int,
+        message: Message,
+        targets: list[str],
+        *,
+        held: bool = True,
     ) -> None:
-        """Copies of ``message`` to make into the queues named ``targets``, for what a
-        tail read from ``source`` at ``offset`` (held there until made), or for what
-        no tail will read again (``source`` None: made from memory only)."""
-        if source is not None and offset in self._by_source.get(source, {}):
-            return  # read again (the tail started over): already owed
-        owed = _Owed(source, offset, message, set(targets))
+        """Copies of ``message`` to make into the queues named ``targets``, of what is
+        stored in ``source`` at ``offset``: read there by a tail (``held``: its
+        position waits until they are made), or just stored there by this gateway's
+        publish (not ``held``: the topic owner's tail makes them too). ``source``
+        None: a message no tail will read again, made from memory only."""
         if source is not None:
-            self._by_source.setdefault(source, {})[offset] = owed
+            if offset in self._by_source.get(source, {}):
+                return  # read again (the tail started over): already owed
+            published = self._published.get((source, offset))
+            if published is not None:
+                if held:  # this gateway's tail reached its own publish: one entry
+                    del self._published[source, offset]
+                    published.held = True
+                    self._by_source.setdefault(source, {})[offset] = published
+                return
+        owed = _Owed(source, offset, message, set(targets), held)
+        if source is not None:
+            if held:
+                self._by_source.setdefault(source, {})[offset] = owed
+            else:
+                self._published[source, offset] = owed
         for target in targets:
             self._by_target.setdefault(target, deque()).append(owed)
             task = self._tasks.get(target)
@@ -150,7 +183,16 @@ class Repairs:
         pending = self._by_target[target]
         while pending:
             batch = [pending[i] for i in range(min(_BATCH, len(pending)))]
-            requests = [AppendRequest(entry=owed.message, queues=(queue,)) for owed in batch]
+            requests = [
+                AppendRequest(
+                    entry=owed.message,
+                    queues=(queue,),
+                    dedup_key=(
+                        None if owed.source is None else copy_key(target, owed.source, owed.offset)
+                    ),
+                )
+                for owed in batch
+            ]
             try:  # copies of what was metered when it was published
                 await self.core.processor.append(self.core.caller, requests, metered=False)
             except (TopicNotFound, QueueNotFound):
@@ -175,6 +217,9 @@ class Repairs:
     def _done(self, owed: _Owed, target: str) -> None:
         owed.left.discard(target)
         if owed.left or owed.source is None:
+            return
+        if not owed.held:
+            self._published.pop((owed.source, owed.offset), None)
             return
         pending = self._by_source.get(owed.source)
         if pending is not None:

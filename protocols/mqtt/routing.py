@@ -184,14 +184,16 @@ class Router:
     async def _store(self, requests: list[AppendRequest]) -> dict[int, StorageError]:
         """One append for all, as a rule. When a node some queue is on is away, that
         append fails; then each request is stored in its own storage topic alone,
-        marked with the queues it owes a copy to, which the topic's tail hands to
-        :class:`Repairs` (so only a publish whose own topic is on the dead node fails).
+        marked with the queues it owes a copy to, which this gateway and the topic's
+        tail hand to :class:`Repairs` (so only a publish whose own topic is on the
+        dead node fails).
 
-        A request reaching a queue still owed copies, or one of a failed append that
-        has not answered since (``Repairs.busy``), goes that way at once: the queue
-        keeps publish order, and no append spanning a dead node is tried again (until
-        storage knows the node is down, such an append writes the live nodes' shares
-        before failing, and the request stored again owing would be there twice)."""
+        A request reaching a queue still owed copies by this gateway, or one of a
+        failed append that has not answered since (``Repairs.busy``), goes that way
+        at once: the queue keeps publish order, and no append spanning a dead node
+        is tried again (until storage knows the node is down, such an append writes
+        the live nodes' shares before failing, and the request stored again owing
+        would be there twice)."""
         repairs = self.repairs
         owing = (
             []
@@ -262,12 +264,22 @@ class Router:
                 raise answer
             for i, result in zip(group, answer, strict=True):
                 request = requests[i]
-                if result.duplicate and len(request.queues) > 1:
-                    # A QoS 2 resend, or the first attempt stored it unmarked before
-                    # the node failed: the copies are made from memory.
-                    entry = request.entry
-                    assert isinstance(entry, Message)
-                    self.repairs.owe(None, 0, entry, [q.topic for q in request.queues[1:]])
+                if len(request.queues) == 1:
+                    continue
+                # This gateway makes the copies too, from memory: until they are
+                # made its later publishes to those queues are stored owing, so the
+                # queues get them in order (the owner's tail may be another
+                # gateway's, or not have read this yet). A QoS 2 resend, or one whose
+                # first attempt was stored unmarked before the node failed
+                # (``duplicate``), has its first append's place.
+                entry = request.entry
+                assert isinstance(entry, Message)
+                targets = [q.topic for q in request.queues[1:]]
+                if result.placements:
+                    placed = result.placements[0]
+                    self.repairs.owe(placed.queue, placed.offset, entry, targets, held=False)
+                else:
+                    self.repairs.owe(None, 0, entry, targets)
         return failed
 
     async def _append(self, requests: list[AppendRequest]) -> list[AppendResult]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 
@@ -20,6 +20,7 @@ import pytest
 
 from polymq.gateway.cluster_tool import LocalCluster, layout
 from polymq.nameserver.client import NameserverClient
+from polymq.navigation.endpoints import GatewayEndpoint, owner_of
 from polymq.protocols.mqtt.model import SESSION_PREFIX, SHARED_PREFIX, queue_topic
 from polymq.protocols.mqtt.peers import EVENTS_TOPIC
 from polymq.storage.errors import StorageUnavailable
@@ -32,6 +33,7 @@ ONE_FORM = True  # the separated form as processes, built here
 pytestmark = pytest.mark.timeout(420)
 _NAMESPACE = "default"
 _BEFORE, _DURING, _AFTER = 10, 20, 10
+_AFTER_MOST = 2_000  # publishes per publisher while the owed copies are made
 
 
 @pytest.mark.parametrize("gateways", [1, 2])
@@ -51,17 +53,52 @@ async def test_publishes_to_a_live_node_keep_their_acks_while_a_session_node_is_
         during = await asyncio.to_thread(_publish, setup, "during", _DURING)
         await asyncio.to_thread(_received_by, setup.on_b, during, "B's subscriber, A down")
         await cluster.start(setup.storage_a)
-        after = await asyncio.to_thread(_publish, setup, "after", _AFTER)
+        # Publishing on while the owed copies are made: each publisher's messages
+        # must still reach A's queue in the order they were published.
+        after = await asyncio.to_thread(
+            _publish, setup, "after", _AFTER_MOST, until=lambda: _has(setup.on_a, during)
+        )
         owed = acked | during | after
         await asyncio.to_thread(_received_by, setup.on_a, owed, "A's subscriber", 120.0)
         await asyncio.to_thread(_received_by, setup.on_b, owed, "B's subscriber")
         for client in (*setup.publishers, setup.on_a, setup.on_b):
             assert client.disconnects == [], f"{client.client_id} was disconnected"
+        for subscriber in (setup.on_a, setup.on_b):
+            late = _out_of_order(subscriber, setup.sent)
+            assert not late, f"{subscriber.client_id} got, first after a later one: {late[:5]}"
         # Only the publish that found node A away first (its append wrote node B's
         # share before failing, and it was stored again owing) may be there twice.
         twice = _stored_twice(setup.on_b)
         assert len(twice) <= 1, f"stored twice: {sorted(twice)}"
         setup.close()
+
+
+def _out_of_order(subscriber: Paho, sent: dict[str, list[bytes]]) -> list[tuple[bytes, bytes]]:
+    """(message, the later one of the same publisher it came after) for each message
+    the subscriber got first (not a resend, not seen before) after a later one."""
+    rank = {
+        payload: (client, i)
+        for client, payloads in sent.items()
+        for i, payload in enumerate(payloads)
+    }
+    latest: dict[str, tuple[int, bytes]] = {}
+    seen: set[bytes] = set()
+    late = []
+    for message in list(subscriber.messages):
+        if message.dup or message.payload in seen or message.payload not in rank:
+            continue
+        seen.add(message.payload)
+        client, i = rank[message.payload]
+        last = latest.get(client)
+        if last is not None and last[0] > i:
+            late.append((message.payload, last[1]))
+        else:
+            latest[client] = (i, message.payload)
+    return late
+
+
+def _has(subscriber: Paho, payloads: set[bytes]) -> bool:
+    return payloads <= {m.payload for m in list(subscriber.messages)}
 
 
 def _stored_twice(subscriber: Paho) -> set[bytes]:
@@ -202,6 +239,7 @@ class _Setup:
         self.on_a = on_a
         self.on_b = on_b
         self.publishers = publishers
+        self.sent: dict[str, list[bytes]] = {p.client_id: [] for p in publishers}
 
     def close(self) -> None:
         for client in (self.on_a, self.on_b, *self.publishers):
@@ -266,6 +304,8 @@ def _placed(cluster: LocalCluster, subscribers: int, publishers: int) -> _Setup:
     publisher5 = Paho(publishers, v5=True).connect()
     for _ in range(40):
         topic = f"p{uuid.uuid4().hex[:8]}"
+        if not _copied_by(cluster, topic, subscribers):
+            continue
         assert publisher3.publish(f"{topic}/probe", b"probe", qos=1) == 0
         if _node_of(cluster, topic)[0] == home:
             break
@@ -276,8 +316,24 @@ def _placed(cluster: LocalCluster, subscribers: int, publishers: int) -> _Setup:
     return _Setup(node_a, topic, on_a, on_b, [publisher3, publisher5])
 
 
-def _publish(setup: _Setup, phase: str, count: int) -> set[bytes]:
-    """``count`` QoS 1 publishes from each publisher, each acknowledged with reason 0."""
+def _copied_by(cluster: LocalCluster, topic: str, port: int) -> bool:
+    """Whether the gateway serving MQTT on ``port`` is the one its tail copies
+    ``topic``'s owed messages (peers.Peers.owns). With two gateways the publishers'
+    is then not: its own publishes' owed copies are made by the other's tail too."""
+    gateways = []
+    for name in cluster.children:
+        if name.startswith("gateway-"):
+            host, gateway_port = cluster.address(name, "mqtt")
+            gateways.append(GatewayEndpoint(gateway_id=name, host=host, port=gateway_port))
+    owner = owner_of(topic, gateways)
+    return owner is not None and owner.port == port
+
+
+def _publish(
+    setup: _Setup, phase: str, count: int, until: Callable[[], bool] | None = None
+) -> set[bytes]:
+    """``count`` QoS 1 publishes from each publisher (fewer once ``until()``), each
+    acknowledged with reason 0 before the next."""
     acked = set()
     for i in range(count):
         for publisher in setup.publishers:
@@ -285,7 +341,10 @@ def _publish(setup: _Setup, phase: str, count: int) -> set[bytes]:
             reason = publisher.publish(f"{setup.topic}/{phase}", payload, qos=1)
             assert reason == 0, f"{payload!r} acknowledged with reason {reason:#x}"
             assert publisher.disconnects == [], f"{publisher.client_id} was disconnected"
+            setup.sent[publisher.client_id].append(payload)
             acked.add(payload)
+        if until is not None and until():
+            break
     return acked
 
 

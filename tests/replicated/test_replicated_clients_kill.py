@@ -420,13 +420,11 @@ def report(story: Story) -> None:
             )
 
 
-def check(side: Side, *, disorder: list[str] | None = None) -> dict[str, int]:
+def check(side: Side) -> dict[str, int]:
     """Every acknowledged message consumed, byte for byte, in order per queue, and
     no acknowledged ack undone; returns the redeliveries per producer. A copy the
     consumer's client marks redelivered (DUP, redelivered, a later attempt) may come
-    out of order: what was in flight when a consumer left is handed out again. With
-    ``disorder``, copies out of order are listed there instead of failing the check
-    (the losses and undone acks still fail it)."""
+    out of order: what was in flight when a consumer left is handed out again."""
     deliveries = side.before.deliveries + side.after.deliveries
     ids = [parse(d.raw) for d in deliveries]
     assert None not in ids, [d.raw[:40] for d, i in zip(deliveries, ids, strict=True) if i is None]
@@ -449,10 +447,7 @@ def check(side: Side, *, disorder: list[str] | None = None) -> dict[str, int]:
                     order.setdefault(acks[message_id[1]].queue, []).append(message_id[1])
         for queue, seqs in order.items():
             late = [(a, b) for a, b in itertools.pairwise(seqs) if b < a]
-            if late and disorder is not None:
-                disorder.append(f"{producer.tag} {queue}: out of order {late[:5]}")
-            else:
-                assert not late, f"{producer.tag} {queue}: out of order {late[:5]}"
+            assert not late, f"{producer.tag} {queue}: out of order {late[:5]}"
         redelivered[producer.tag] = sum(n - 1 for i, n in seen.items() if i in mine)
         redelivered[producer.tag] += sum(1 for i, d in first.items() if d.redelivered)
     return redelivered
@@ -463,22 +458,11 @@ async def test_the_shard_is_taken_over_and_handed_back(story: Story) -> None:
     assert story.handed_back_at > story.restarted_at > story.killed_at
 
 
-# A known bug, not fixed yet (docs/mqtt.md, "A storage node down"): a copy owed to a
-# session queue while its node was away can land after a later publish that went
-# straight into the queue once the node answered again, so the subscriber gets them
-# out of publish order (seen in 2 of 2 full clean runs, 0 of 5 runs of this module
-# alone). Reported as xfail, so that losses and undone acks still fail the test.
-KNOWN_DISORDER = frozenset({"mqtt"})
-
-
 @pytest.mark.parametrize("protocol", PROTOCOLS)
 async def test_nothing_acknowledged_is_lost_or_undone(story: Story, protocol: str) -> None:
     side = story.sides[protocol]
-    disorder: list[str] = []
-    redelivered = check(side, disorder=disorder if protocol in KNOWN_DISORDER else None)
+    redelivered = check(side)
     print(f"\n{protocol}: redelivered {redelivered}; after the kill: {_redeliveries(side)}")
-    if disorder:
-        pytest.xfail(f"known bug, owed MQTT queue copies out of order: {disorder}")
 
 
 def _redeliveries(side: Side) -> list[str]:
