@@ -206,12 +206,29 @@ class Outbound:
 
     async def on_acks(self, acks: list[Ack]) -> None:
         """PUBACK / PUBREC / PUBCOMP of what we sent: free the window, ack storage."""
-        assert self._session is not None and self._caller is not None
-        session = self._session
+        assert self._caller is not None
         receipts: list[str] = []
         flights = self._inflight
-        for ack in acks if flights else ():
-            assert flights is not None
+        if flights is not None:
+            self._settle(flights, acks, receipts)
+            if not flights:
+                self._inflight = None
+        self.flush()
+        to_ack, self._to_ack = self._to_ack, None
+        if to_ack:
+            receipts += to_ack
+        if receipts:
+            await self._ack(self._caller, receipts)
+        self._drain_backlog()
+        self.flush()
+        self.wake()
+
+    def _settle(self, flights: dict[int, _InFlight], acks: list[Ack], receipts: list[str]) -> None:
+        """End or advance the flights ``acks`` answer; ``receipts`` gets the storage
+        receipts to ack."""
+        assert self._session is not None
+        session = self._session
+        for ack in acks:
             flight = flights.get(ack.packet_id)
             if flight is None:
                 continue
@@ -231,17 +248,6 @@ class Outbound:
             elif isinstance(ack, codec.PubComp) and flight.released:
                 del flights[ack.packet_id]
                 session.pubcomp_received(ack.packet_id)
-        if flights is not None and not flights:
-            self._inflight = None
-        self.flush()
-        to_ack, self._to_ack = self._to_ack, None
-        if to_ack:
-            receipts += to_ack
-        if receipts:
-            await self._ack(self._caller, receipts)
-        self._drain_backlog()
-        self.flush()
-        self.wake()
 
     # -- PUBLISH out ---------------------------------------------------------------------
 

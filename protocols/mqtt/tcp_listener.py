@@ -409,7 +409,7 @@ class _Served(TcpTransport):
         return self._transport is None and (self._held >= 0 or self._attaching is not None)
 
     def write(self, data: bytes | bytearray) -> None:
-        if self._transport is None and self._detached():
+        if self._detached():
             self._unsent += data
             self.readable()
             return
