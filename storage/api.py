@@ -300,6 +300,15 @@ class StorageAPI(Protocol):
         as a new attempt."""
         ...
 
+    async def give_back(self, namespace: str, group: str, receipts: Sequence[str]) -> None:
+        """Undo the pops that handed these out: nobody got them (a pop answered after
+        its caller stopped waiting). Each is visible again at once, with the delivery
+        attempt it had before that pop, as the engine's own cancelled pop leaves it;
+        unlike :meth:`nack`, the next delivery is not a new attempt, so no message is
+        dead-lettered early for a hand-out nobody saw. A receipt acked or handed out
+        again since is skipped."""
+        ...
+
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         """Move a popped message to the group's dead-letter topic now (RocketMQ's
         ForwardMessageToDeadLetterQueue); it is consumed for the group."""

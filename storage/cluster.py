@@ -523,6 +523,19 @@ class ClusterStorage:
         handle = receipt[len(node.prefix) :]
         await self._router.send(node, lambda c: c.nack(namespace, group, handle, delay_ms=delay_ms))
 
+    async def give_back(self, namespace: str, group: str, receipts: Sequence[str]) -> None:
+        by_node: dict[Node, list[str]] = {}
+        for receipt in receipts:
+            node = self._router.receipt_node(receipt)
+            by_node.setdefault(node, []).append(receipt[len(node.prefix) :])
+        for node, handles in by_node.items():
+            await self._give_back_on(node, namespace, group, handles)
+
+    async def _give_back_on(
+        self, node: Node, namespace: str, group: str, handles: list[str]
+    ) -> None:
+        await self._router.send(node, lambda c: c.give_back(namespace, group, handles))
+
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         node = self._router.receipt_node(receipt)
         handle = receipt[len(node.prefix) :]

@@ -275,12 +275,14 @@ class RemoteStorage:
         out their invisibility and arriving behind later ones."""
         receipts = [m.receipt for m in popped if m.receipt is not None]
         if receipts and not self._giving_back.closed:
-            self._giving_back.spawn(self._nack_all(namespace, group, receipts))
+            self._giving_back.spawn(self._give_back_quietly(namespace, group, receipts))
 
-    async def _nack_all(self, namespace: str, group: str, receipts: list[str]) -> None:
-        for receipt in receipts:
-            with contextlib.suppress(StorageError):  # gone or redelivered meanwhile
-                await self.nack(namespace, group, receipt)
+    async def _give_back_quietly(self, namespace: str, group: str, receipts: list[str]) -> None:
+        with contextlib.suppress(StorageError):  # the node gone: their leases run out
+            await self.give_back(namespace, group, receipts)
+
+    async def give_back(self, namespace: str, group: str, receipts: Sequence[str]) -> None:
+        await self._rpc.call("give_back", namespace, group, list(receipts))
 
     async def ack(self, namespace: str, group: str, receipt: str, *, durable: bool = True) -> None:
         await self._rpc.call("ack", namespace, group, receipt, durable=durable)

@@ -302,6 +302,9 @@ class Engine(Service):
     async def nack(self, namespace: str, group: str, receipt: str, *, delay_ms: int = 0) -> None:
         await self._pops.change_invisibility(namespace, group, receipt, delay_ms)
 
+    async def give_back(self, namespace: str, group: str, receipts: Sequence[str]) -> None:
+        await self._pops.give_back(namespace, group, receipts)
+
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         await self._pops.dead_letter(namespace, group, receipt)
 

@@ -401,6 +401,28 @@ class Pops(EnginePart):
             next_visible_ms=new.deadline_ms,
         )
 
+    async def give_back(self, namespace: str, group: str, receipts: Sequence[str]) -> None:
+        """See :meth:`storage.api.StorageAPI.give_back`: what :meth:`_give_back` does for
+        a pop cancelled here, for a pop whose caller stopped waiting elsewhere. The
+        hand-outs are written, not fsynced: one lost to a power cut stays invisible
+        until its lease runs out, as it would have without this."""
+        await self._core.writable()
+        now = self._core.now()
+        woken: set[QueueIndex] = set()
+        for receipt in receipts:
+            try:
+                topic, qid, offset, _, state = self._inflight_for(namespace, group, receipt)
+            except InvalidReceipt:
+                continue  # acked, or handed out again, since
+            # The pop that handed it out counted one attempt more than it had.
+            attempt = max(0, state.attempt - 1)
+            restored = Inflight(now, attempt, self._state.pop_seq + 1, state.first_pop_ms)
+            self._hand_out_now(group, topic.id, qid, offset, restored, durable=False)
+            woken.add(topic.queues[qid])
+        for queue in woken:
+            queue.wake()
+        await self._log.wait_written()
+
     async def dead_letter(self, namespace: str, group: str, receipt: str) -> None:
         await self._core.writable()
         topic, qid, offset, _, state = self._inflight_for(namespace, group, receipt)

@@ -174,6 +174,25 @@ async def test_a_cancelled_waiting_pop_loses_nothing(pool: Pool, cluster: Cluste
     assert sorted(m.message.body for m in popped) == [b"a", b"b", b"c"]
 
 
+async def test_give_back_reaches_every_node_of_its_receipts(
+    pool: Pool, cluster: ClusterStorage
+) -> None:
+    """Receipts of three nodes given back in one call: each node undoes its own pops
+    (visible again, the delivery not counted)."""
+    queues = await _three_topics(pool, cluster)
+    for queue in queues:
+        await _put(cluster, queue, queue.topic.encode())
+    popped = await cluster.pop(NS, "g", queues, max_messages=3, invisible_ms=60_000)
+    assert len(popped) == 3
+    await cluster.give_back(NS, "g", [cast(str, m.receipt) for m in popped])
+    again = await cluster.pop(NS, "g", queues, max_messages=3)
+    assert sorted((m.message.body, m.delivery_attempt) for m in again) == [
+        (b"a", 1),
+        (b"b", 1),
+        (b"c", 1),
+    ]
+
+
 async def test_messages_arriving_on_several_nodes_at_once_are_all_delivered(
     pool: Pool, cluster: ClusterStorage
 ) -> None:

@@ -580,6 +580,34 @@ async def test_a_pop_cancelled_while_waiting_for_durability_gives_its_messages_b
         assert after.delivery_attempt == delivered_before + 2
 
 
+@pytest.mark.parametrize("delivered_before", [0, 1])
+async def test_give_back_undoes_the_pops_that_handed_out(
+    make_engine: EngineFactory, delivered_before: int
+) -> None:
+    """What a caller that stopped waiting gives back (the separated form's late pop
+    answer) is visible again at once and its delivery is not counted: with two
+    attempts allowed, a message nacked once and then given back is still delivered,
+    not dead-lettered. Receipts acked since are skipped; a reopened engine has it."""
+    async with make_engine() as storage:
+        await storage.create_topic(NS, "t")
+        await storage.set_group_config(NS, "g", GroupConfig(max_delivery_attempts=2))
+        await put(storage, b"a")
+        await put(storage, b"b")
+        if delivered_before:
+            [m] = await storage.pop(NS, "g", [q()])
+            await storage.nack(NS, "g", m.receipt or "")
+        late = await storage.pop(NS, "g", [q()], max_messages=2, invisible_ms=60_000)
+        assert [m.delivery_attempt for m in late] == [delivered_before + 1, 1]
+        await storage.ack(NS, "g", late[1].receipt or "")
+        await storage.give_back(NS, "g", [m.receipt or "" for m in late])
+        [again] = await storage.pop(NS, "g", [q()], max_messages=2, invisible_ms=0)
+        assert (again.offset, again.delivery_attempt) == (0, delivered_before + 1)
+        await storage.give_back(NS, "g", [again.receipt or ""])
+    async with make_engine() as storage:  # reopened: the give-back was logged
+        [after] = await storage.pop(NS, "g", [q()], max_messages=2)
+        assert (after.offset, after.delivery_attempt) == (0, delivered_before + 1)
+
+
 async def test_a_pop_cancelled_while_a_checkpoint_holds_writers_gives_back_after_it(
     storage: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
