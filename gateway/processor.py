@@ -376,6 +376,10 @@ class Processor:
     async def nack(self, caller: Caller, group: str, receipt: str, *, delay_ms: int = 0) -> None:
         await self._storage.nack(self._check(caller), group, receipt, delay_ms=delay_ms)
 
+    async def give_back(self, caller: Caller, group: str, receipts: Sequence[str]) -> None:
+        """See :meth:`storage.api.StorageAPI.give_back`."""
+        await self._storage.give_back(self._check(caller), group, receipts)
+
     async def dead_letter(self, caller: Caller, group: str, receipt: str) -> None:
         await self._storage.dead_letter(self._check(caller), group, receipt)
 
