@@ -558,13 +558,19 @@ class Channel:
             self.conn.spawn(self.give_back(group, popped))
 
     async def give_back(self, group: str, popped: Sequence[StoredMessage]) -> None:
-        """Messages popped and never delivered: ready again at once."""
-        processor, caller = self.conn.processor, self.conn.caller
-        for stored in popped:
-            if stored.receipt is not None:
-                with contextlib.suppress(StorageError):
-                    await processor.nack(caller, group, stored.receipt)
-                    self.conn.vhost.requeued.given_back(stored)
+        """Messages popped and never delivered: ready again at once. Not a nack: nobody
+        saw them, so their next delivery is a first one (``redelivered`` false, as
+        RabbitMQ) and costs no delivery attempt. Storage still counts them in flight
+        until they are popped again, so the ready count adds them, as it does a
+        requeue's."""
+        given = {stored.receipt: stored for stored in popped if stored.receipt is not None}
+        if not given:
+            return
+        # The queue may be gone; otherwise their leases run out and they come back then.
+        with contextlib.suppress(StorageError):
+            await self.conn.processor.give_back(self.conn.caller, group, list(given))
+            for stored in given.values():
+                self.conn.vhost.requeued.given_back(stored)
 
     @staticmethod
     def _expired(queue: QueueDef, stored: StoredMessage, now: int) -> bool:
