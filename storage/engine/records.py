@@ -175,32 +175,42 @@ def encode_message(message: Message) -> bytes:
     return b"".join(parts)
 
 
-def _take(buf: bytes | memoryview, pos: int, size: int) -> bytes:
-    end = pos + size
-    if end > len(buf):
-        raise ValueError("length runs past the end of the record")
-    return bytes(buf[pos:end])
+def _past_end() -> ValueError:
+    return ValueError("length runs past the end of the record")
 
 
-def _read_message(buf: bytes | memoryview, pos: int) -> tuple[Message, int]:
-    """Decode the message at ``pos``; return it and the position after it."""
+def _read_message(buf: bytes, pos: int) -> tuple[Message, int]:
+    """Decode the message at ``pos``; return it and the position after it. ``buf`` is
+    ``bytes`` so each field costs one slice (of a memoryview: a view, then a copy);
+    the bounds are checked inline since this runs for every field of every message
+    handed out."""
+    limit = len(buf)
     flags, body_size, property_count = _MESSAGE_FIELDS.unpack_from(buf, pos)
     pos += _MESSAGE_FIELDS.size
-    body = _take(buf, pos, body_size)
-    pos += body_size
+    end = pos + body_size
+    if end > limit:
+        raise _past_end()
+    body = buf[pos:end]
+    pos = end
     if not flags and not property_count:
         return Message(body=body), pos  # the common case, kept cheap
     unpack_u32 = _U32.unpack_from
     properties = []
     for _ in range(property_count):
         (size,) = unpack_u32(buf, pos)
-        name = _take(buf, pos + 4, size).decode()
-        pos += 4 + size
-        (size,) = unpack_u32(buf, pos)
-        properties.append((name, _take(buf, pos + 4, size)))
-        pos += 4 + size
+        start, end = pos + 4, pos + 4 + size
+        if end > limit:
+            raise _past_end()
+        name = buf[start:end].decode()
+        (size,) = unpack_u32(buf, end)
+        start, pos = end + 4, end + 4 + size
+        if pos > limit:
+            raise _past_end()
+        properties.append((name, buf[start:pos]))
     fields: dict[str, Any] = {}
     for bit, attr, kind in _OPTIONAL:
+        if bit > flags:
+            break  # no higher bit is set
         if not flags & bit:
             continue
         if kind == _INT:
@@ -208,14 +218,16 @@ def _read_message(buf: bytes | memoryview, pos: int) -> tuple[Message, int]:
             pos += 8
         else:
             (size,) = unpack_u32(buf, pos)
-            value = _take(buf, pos + 4, size)
+            start, pos = pos + 4, pos + 4 + size
+            if pos > limit:
+                raise _past_end()
+            value = buf[start:pos]
             fields[attr] = value.decode() if kind == _TEXT else value
-            pos += 4 + size
     return Message(body=body, properties=tuple(properties), **fields), pos
 
 
 def decode_message(data: bytes | memoryview) -> Message:
-    message, end = _read_message(data, 0)
+    message, end = _read_message(bytes(data), 0)
     if end != len(data):
         raise ValueError("trailing bytes after a message")
     return message
@@ -246,7 +258,7 @@ def decode_entry(data: bytes | memoryview, *, messages: bool = True) -> Message 
         raise ValueError("empty entry")
     shape = data[0]
     if shape == _SINGLE:
-        message, end = _read_message(data, 1)
+        message, end = _read_message(bytes(data), 1)
         if end != len(data):
             raise ValueError("trailing bytes after a message entry")
         return message
@@ -258,14 +270,16 @@ def decode_entry(data: bytes | memoryview, *, messages: bool = True) -> Message 
     count = r.u32()
     if not messages or shape == _BATCH_RAW_ONLY:
         return BatchEntry(format=fmt, raw=raw, count=count)
+    members = bytes(data[r.pos :])  # copied once, not once per field
+    pos = 0
     decoded = []
     for _ in range(count):
-        size = r.u32()
-        message, end = _read_message(r.buf, r.pos)
-        if end != r.pos + size:
+        (size,) = _U32.unpack_from(members, pos)
+        message, end = _read_message(members, pos + 4)
+        if end != pos + 4 + size:
             raise ValueError("batch member length does not match its content")
         decoded.append(message)
-        r.pos = end
+        pos = end
     return BatchEntry(format=fmt, raw=raw, messages=tuple(decoded))
 
 
