@@ -24,11 +24,12 @@ clients send all the time; see docs/kafka.md for the figures.
 from __future__ import annotations
 
 import struct
-import types
 import typing
 from collections.abc import Callable
 from dataclasses import Field, fields, is_dataclass
 from typing import Any, TypeGuard
+
+from polymq.protocols.kafka.kio_types import is_nullable, strip_none, uvarint_bytes
 
 __all__ = ["Malformed", "check_request"]
 
@@ -83,15 +84,6 @@ def _uvarint(b: bytes, o: int, n: int) -> tuple[int, int]:
     raise Malformed("varint longer than 5 bytes")
 
 
-def _varint_bytes(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _i16(b: bytes, o: int, n: int) -> int:
     if o + 2 > n:
         raise Malformed("length runs past the end")
@@ -141,10 +133,10 @@ def _tags(b: bytes, o: int, n: int, c: list[Any], known: dict[int, Checker], whe
             check(b, o, end, c)
             if len(edits) > mark:  # unknown fields inside this one's value: resize it
                 change = sum(len(new) - (e - s) for s, e, new in edits[mark:])
-                edits.append((size_at, o, _varint_bytes(size + change)))
+                edits.append((size_at, o, uvarint_bytes(size + change)))
         o = end
     if unknown:
-        edits.append((section, section_end, _varint_bytes(count - unknown)))
+        edits.append((section, section_end, uvarint_bytes(count - unknown)))
     return o
 
 
@@ -158,19 +150,6 @@ def _apply(frame: bytes, edits: list[Edit]) -> bytes:
         at = end
     parts.append(frame[at:])
     return b"".join(parts)
-
-
-def _nullable(tp: Any) -> bool:
-    return typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in (
-        typing.get_args(tp)
-    )
-
-
-def _strip_none(tp: Any) -> Any:
-    if _nullable(tp):
-        inner = [a for a in typing.get_args(tp) if a is not type(None)]
-        return inner[0]
-    return tp
 
 
 def _is_entity(tp: Any) -> TypeGuard[type[Any]]:
@@ -211,7 +190,7 @@ class _Compiler:
                 tagged.append((int(f.metadata["tag"]), self._tag_checker(cls, f)))
                 continue
             kind = f.metadata.get("kafka_type")
-            if kind in _FIXED and typing.get_origin(_strip_none(f.type)) is not tuple:
+            if kind in _FIXED and typing.get_origin(strip_none(f.type)) is not tuple:
                 pending += _FIXED[kind]
                 minimum += _FIXED[kind]
                 continue
@@ -242,7 +221,7 @@ class _Compiler:
         """A checker for one tagged field's value, run within the field's own size."""
         name = f"_tag_{len(self.namespace)}_{cls.__name__}_{f.name}"
         kind = f.metadata.get("kafka_type")
-        if kind in _FIXED and typing.get_origin(_strip_none(f.type)) is not tuple:
+        if kind in _FIXED and typing.get_origin(strip_none(f.type)) is not tuple:
             lines = [
                 f"def {name}(b, o, n, c):",
                 f"    if o + {_FIXED[kind]} > n: raise _short('tag')",
@@ -263,8 +242,8 @@ class _Compiler:
     ) -> tuple[list[str], int]:
         """Lines checking one non-fixed field, and its smallest encoding in bytes."""
         where = f"{cls.__name__}.{f.name}"
-        nullable = _nullable(f.type)
-        tp = _strip_none(f.type)
+        nullable = is_nullable(f.type)
+        tp = strip_none(f.type)
         if typing.get_origin(tp) is tuple:
             return self._array(where, f, typing.get_args(tp)[0], flexible, nullable)
         if _is_entity(tp):
@@ -338,8 +317,8 @@ class _Compiler:
             size = 4
         if not nullable:
             lines.append(f"if C == -1: raise _null({where!r})")
-        item_nullable = _nullable(item)
-        item = _strip_none(item)
+        item_nullable = is_nullable(item)
+        item = strip_none(item)
         kind = f.metadata.get("kafka_type")
         if _is_entity(item):
             inner = self.entity(item)

@@ -7,13 +7,15 @@ v0 so that a client can read it before it knows our versions: KIP-511).
 
 Handlers answer with plain, version-independent dicts; :func:`build` shapes them into
 the kio class of the version the client asked for, dropping fields that version lacks
-and zero-filling those the handler left out.
+and zero-filling those the handler left out. :func:`encode_body` writes such a dict
+straight to the same bytes, without building anything (protocols/kafka/response_writer.py).
 """
 
 from __future__ import annotations
 
 import datetime
 import io
+import logging
 import struct
 import types
 import typing
@@ -30,6 +32,7 @@ from kio.serial import entity_reader, entity_writer
 from kio.static.constants import EntityType
 
 from polymq.protocols.kafka.bounds import check_request
+from polymq.protocols.kafka.response_writer import FrameWriter, ResponseWriters, Uncompilable
 from polymq.protocols.kafka.versions import API_VERSIONS_KEY, SUPPORTED
 
 __all__ = [
@@ -38,12 +41,15 @@ __all__ = [
     "UnsupportedVersion",
     "build",
     "decode_request",
+    "encode_body",
     "encode_response",
     "error_response",
     "frame_size",
     "request_class",
     "response_class",
 ]
+
+log = logging.getLogger(__name__)
 
 _PREFIX = struct.Struct(">hhi")  # api key, api version, correlation id
 
@@ -157,6 +163,31 @@ def encode_response(api_key: int, api_version: int, correlation_id: int, body: A
     data = buffer.getbuffer()
     struct.pack_into(">i", data, 0, len(data) - 4)
     return bytes(data)
+
+
+def encode_body(
+    api_key: int, api_version: int, correlation_id: int, body: Mapping[str, Any]
+) -> bytes:
+    """The response frame of a handler's plain dict: the bytes of
+    ``encode_response(api_key, api_version, correlation_id, build(cls, body))``, written
+    without building kio entities (encoding was ~15 % of a Kafka message's CPU)."""
+    frame = _FRAMES.get((api_key, api_version))
+    if frame is None:
+        frame = _FRAMES[(api_key, api_version)] = _frame_writer(api_key, api_version)
+    return frame(correlation_id, body)
+
+
+def _frame_writer(api_key: int, api_version: int) -> FrameWriter:
+    cls = response_class(api_key, api_version)
+    try:
+        return _RESPONSES.frame(cls, bool(cls.__flexible__) and api_key != API_VERSIONS_KEY)
+    except Uncompilable as e:
+        log.warning("kafka: API %d v%d responses take the slow path: %s", api_key, api_version, e)
+
+    def old_path(correlation_id: int, body: Mapping[str, Any]) -> bytes:
+        return encode_response(api_key, api_version, correlation_id, build(cls, body))
+
+    return old_path
 
 
 def error_response(api_key: int, api_version: int, error: ErrorCode) -> Any:
@@ -297,6 +328,10 @@ def build(cls: type[Any], data: Mapping[str, Any]) -> Any:
         elif required is not None:
             kwargs[name] = _zero(required)
     return cls(**kwargs)
+
+
+_RESPONSES = ResponseWriters(build)
+_FRAMES: dict[tuple[int, int], FrameWriter] = {}
 
 
 def ms(value: datetime.timedelta | int) -> int:

@@ -33,6 +33,7 @@ from polymq.protocols.kafka.codec import (
     UnsupportedVersion,
     build,
     decode_request,
+    encode_body,
     encode_response,
     error_response,
     frame_size,
@@ -262,10 +263,7 @@ async def _answer(session: Session, frame: bytes) -> bytes | None:
 
 
 def _encode(request: Request, body: dict[str, object]) -> bytes:
-    cls = response_class(request.api_key, request.api_version)
-    return encode_response(
-        request.api_key, request.api_version, request.correlation_id, build(cls, body)
-    )
+    return encode_body(request.api_key, request.api_version, request.correlation_id, body)
 
 
 def _unsupported(session: Session, e: UnsupportedVersion) -> bytes | None:
