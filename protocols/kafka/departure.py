@@ -39,8 +39,10 @@ class PeerWatch:
 
     def __init__(self, reader: asyncio.StreamReader) -> None:
         self._gone = False
-        # The handler running under ``unless_gone``, cancelled when the peer leaves.
-        self._waiting: asyncio.Future[Any] | None = None
+        # The connection's task while it runs a handler under ``unless_gone``: the
+        # peer's leaving cancels it there, and only there.
+        self._waiting: asyncio.Task[Any] | None = None
+        self._cancelled = False  # we cancelled ``_waiting``: not somebody else's cancel
         if reader.at_eof() or reader.exception() is not None:
             self._gone = True
         feed_eof, set_exception = reader.feed_eof, reader.set_exception
@@ -58,7 +60,8 @@ class PeerWatch:
 
     def _left(self) -> None:
         self._gone = True
-        if self._waiting is not None:
+        if self._waiting is not None and not self._cancelled:
+            self._cancelled = True
             self._waiting.cancel()
 
     @property
@@ -69,22 +72,26 @@ class PeerWatch:
         """Run ``handling`` until it finishes or the peer leaves, whichever comes first
         (then ``handling`` is cancelled): whether the peer left, and the result.
 
-        The leaving cancels the handler's task directly: no second task waiting on an
-        event beside it (every fetch comes here, so at an everyday rate that task, the
-        wait over both and its cancellation were a task and loop iterations per record)."""
+        The handler runs in the connection's own task, which the leaving cancels: no
+        task of its own (every fetch comes here, so at an everyday rate a task per
+        fetch, and the wait on it, were a tenth of a record's loop work). A cancel of
+        ours is told from anybody else's (a kick, the listener stopping) by
+        ``Task.uncancel``: only ours is swallowed."""
         if self._gone:
             handling.close()
             return True, None
-        task = asyncio.ensure_future(handling)
+        task = asyncio.current_task()
+        assert task is not None
         self._waiting = task
         try:
-            await asyncio.wait((task,))
-        except BaseException:  # our own cancellation (a kick, the listener stopping)
-            task.cancel()
-            await asyncio.wait((task,))
-            raise
+            result = await handling
+        except asyncio.CancelledError:
+            if self._cancelled and task.uncancel() == 0:
+                return True, None
+            raise  # not ours, or somebody else cancelled too
         finally:
             self._waiting = None
-        if task.cancelled() and self._gone:
+        if self._cancelled:  # the handler finished despite our cancel
+            task.uncancel()
             return True, None
-        return False, task.result()  # a handler's own failure raises here
+        return False, result
