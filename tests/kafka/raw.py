@@ -7,6 +7,7 @@ import datetime
 import io
 import socket
 import struct
+import time
 import types
 import typing
 import uuid
@@ -23,7 +24,13 @@ from kio.static.constants import EntityType
 from polymq.protocols.kafka.codec import build, request_class
 from polymq.protocols.kafka.records import HEADER_SIZE, KafkaRecord, encode_batch
 
-__all__ = ["RawKafka", "batch_with_body", "encode_request", "sample_request"]
+__all__ = [
+    "RawKafka",
+    "batch_with_body",
+    "encode_request",
+    "sample_request",
+    "seconds_until_closed",
+]
 
 
 class RawKafka:
@@ -165,3 +172,18 @@ def _sample(tp: Any, kind: str | None, items: int) -> Any:
         if isinstance(tp, type) and issubclass(tp, base):
             return tp(value) if base is int else value
     raise TypeError(f"no sample for {tp!r}")
+
+
+def seconds_until_closed(sock: socket.socket, give_up: float) -> float | None:
+    """Seconds until the server closes ``sock`` (reading and dropping what it sends),
+    None if it does not within ``give_up``."""
+    started = time.monotonic()
+    sock.settimeout(give_up)
+    try:
+        while sock.recv(65536):
+            pass
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    except TimeoutError:
+        return None
+    return time.monotonic() - started

@@ -36,7 +36,7 @@ from polymq.protocols.kafka.listener import KafkaListener
 from polymq.protocols.kafka.records import KafkaRecord, encode_batch
 from polymq.protocols.kafka.versions import SUPPORTED
 from tests.kafka.clients import confluent_consume, confluent_consumer, confluent_producer
-from tests.kafka.raw import RawKafka, encode_request, sample_request
+from tests.kafka.raw import RawKafka, encode_request, sample_request, seconds_until_closed
 from tests.live_server import LiveServer, live_server, server_config
 from tests.mqtt.helpers import Paho
 
@@ -338,15 +338,7 @@ def _sized(frame: bytes) -> bytes:
 
 def _closed(sock: socket.socket, timeout: float = GIVE_UP_S) -> bool:
     """Whether the server closes ``sock`` (reading and dropping what it sends)."""
-    sock.settimeout(timeout)
-    try:
-        while sock.recv(65536):
-            pass
-    except (ConnectionResetError, BrokenPipeError):
-        pass
-    except TimeoutError:
-        return False
-    return True
+    return seconds_until_closed(sock, timeout) is not None
 
 
 def _send_each_on_its_own_connection(server: LiveServer, frames: Sequence[bytes]) -> None:
