@@ -152,6 +152,28 @@ def test_idle_keep_alive_connection_is_closed_after_its_response(server: LiveSer
     assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b'{"status":"ok"}')
 
 
+def test_busy_connection_outlives_the_deadlines_then_idles_out(server: LiveServer) -> None:
+    """The deadlines count from each request's end, not the connection's start: a
+    connection asking every fifth of a deadline for four deadlines stays open, and
+    once idle it is closed a deadline after its last answer (not before; a lost timer
+    would leave it open)."""
+    deadline_s = DEADLINE_MS / 1000
+    with connect(server) as sock:
+        busy_until = time.monotonic() + 4 * deadline_s
+        while time.monotonic() < busy_until:
+            time.sleep(deadline_s / 5)
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = b""
+            while not answer.endswith(b'{"status":"ok"}'):
+                data = sock.recv(65536)
+                assert data, "closed while busy"
+                answer += data
+        idle_from = time.monotonic()
+        assert read_until_closed(sock) == b""
+        idle_s = time.monotonic() - idle_from
+    assert deadline_s * 0.5 < idle_s < deadline_s + 5.0
+
+
 def test_slow_body_is_closed(server: LiveServer, caplog: pytest.LogCaptureFixture) -> None:
     """Signed, so the handler is reading the body when the deadline closes it."""
     body = b"<Message><MessageBody>" + b"x" * 400 + b"</MessageBody></Message>"
