@@ -41,6 +41,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 
 from polymq.gateway.config import LimitsConfig
 from polymq.gateway.connections import ConnectionRegistry, TooManyConnections
+from polymq.gateway.lazy_deadline import LazyDeadline
 from polymq.protocols.mns.request import CONNECTION_ID
 
 __all__ = ["MAX_HEAD_BYTES", "guarded_protocol"]
@@ -146,6 +147,8 @@ def guarded_protocol(
     """The protocol class for ``uvicorn.Config(http=...)``."""
     head_timeout_s = limits.handshake_timeout_ms / 1000
     body_timeout_s = limits.frame_timeout_ms / 1000
+    # The timer's period: the shorter timeout, so that the other never moves it.
+    deadline_period_s = min(head_timeout_s, body_timeout_s)
 
     class GuardedProtocol(HttpToolsProtocol):
         _connection_id: int | None = None
@@ -157,15 +160,12 @@ def guarded_protocol(
         # Requests whose headers arrived and whose response is not yet complete: while
         # one is served (a long poll, say) the peer owes no next head.
         _serving = 0
-        # The one deadline running (the head's or the body's: never both), and the one
-        # timer keeping it. A request moves the deadline twice; the timer is moved only
-        # when it fires before its deadline (or is late for a nearer one): a timer
-        # started and cancelled per deadline was 4 of them per request, for deadlines
-        # that almost never expire.
-        _deadline: float | None = None
+        # The one deadline running (the head's or the body's: never both), and which
+        # one it is. A request moves the deadline twice and the timer not at all: a
+        # timer started and cancelled per deadline was 4 of them per request, for
+        # deadlines that almost never expire.
+        _deadline: LazyDeadline
         _deadline_of: Literal["head", "body"] | None = None
-        _timer: asyncio.TimerHandle | None = None
-        _timer_at = 0.0
         # The requests whose headers arrived and whose response is not complete, in
         # order (uvicorn keeps only the newest one and the queue behind the running one).
         _cycles: collections.deque[RequestResponseCycle]
@@ -176,6 +176,7 @@ def guarded_protocol(
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             self._cycles = collections.deque()
+            self._deadline = LazyDeadline(self.loop, self._deadline_reached, deadline_period_s)
             super().connection_made(transport)
             sock = transport.get_extra_info("socket")
             if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -208,10 +209,8 @@ def guarded_protocol(
             self._arm_head()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._stop_deadlines()
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+            self._deadline_of = None
+            self._deadline.close()
             # uvicorn tells only its newest request: with requests pipelined behind it,
             # the one being served (a long poll, say) went on to write to the closed
             # transport.
@@ -305,33 +304,21 @@ def guarded_protocol(
 
         def _start_deadline(self, which: Literal["head", "body"], timeout_s: float) -> None:
             """``which`` is due within ``timeout_s`` from now (the other one is off)."""
-            deadline = self.loop.time() + timeout_s
-            self._deadline, self._deadline_of = deadline, which
-            if self._timer is not None:
-                if self._timer_at <= deadline:
-                    return  # it fires first, and moves itself on to the deadline
-                self._timer.cancel()
-            self._timer = self.loop.call_at(deadline, self._deadline_reached)
-            self._timer_at = deadline
+            self._deadline_of = which
+            self._deadline.start(self.loop.time() + timeout_s)
 
         def _stop_deadline(self, which: Literal["head", "body"]) -> None:
-            """``which`` is no longer due (its timer, if any, finds nothing to do)."""
+            """``which`` is no longer due (the timer, when it fires, finds nothing)."""
             if self._deadline_of == which:
-                self._deadline = self._deadline_of = None
+                self._deadline_of = None
+                self._deadline.stop()
 
         def _stop_deadlines(self) -> None:
-            self._deadline = self._deadline_of = None
+            self._deadline_of = None
+            self._deadline.stop()
 
         def _deadline_reached(self) -> None:
-            self._timer = None
-            deadline, which = self._deadline, self._deadline_of
-            if deadline is None:
-                return
-            if self.loop.time() < deadline:  # moved on since the timer was started
-                self._timer = self.loop.call_at(deadline, self._deadline_reached)
-                self._timer_at = deadline
-                return
-            self._deadline = self._deadline_of = None
+            which, self._deadline_of = self._deadline_of, None
             if which == "head":
                 self._head_expired()
             else:

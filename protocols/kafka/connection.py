@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import struct
 import time
 from typing import Any
@@ -27,6 +26,7 @@ from kio.schema.index import api_key_map, schema_name_map
 
 from polymq.gateway.accounts import ANONYMOUS, AuthError, Principal
 from polymq.gateway.connections import AccountConnectionLimit, current_connection_id
+from polymq.gateway.lazy_deadline import LazyDeadline
 from polymq.protocols.kafka._state import ALLOWED, API_VERSIONS, AuthState
 from polymq.protocols.kafka.answers import OrderedAnswers
 from polymq.protocols.kafka.codec import (
@@ -64,42 +64,23 @@ _MAX_QUEUED_ANSWERS = 64
 _NOBODY = Principal(name="", namespaces=frozenset(), default_namespace="default")
 
 
-class _ReadDeadline:
-    """When the read under way must be done, kept by one timer per connection.
+class _ReadDeadline(LazyDeadline):
+    """When the read under way must be done: one :class:`LazyDeadline` per connection.
 
     Every request is read under two deadlines: the idle one for its first byte, then
-    the frame's for the rest. An ``asyncio.timeout`` per read armed and cancelled a
-    loop timer three times a request, about 8 µs each on uvloop (three ``getpid``
-    calls among them: Python 3.11's ``get_running_loop`` checks the pid), some 5 % of a
-    message's CPU at 1,000 msgs/s. Here a deadline is a float set before a read and
-    cleared after it. The one timer fires no later than the deadline and at most every
-    ``period`` s (the shortest deadline a read gets, so a new one is never earlier
-    than the timer and rarely moves it); finding the read under way past its
-    deadline, it cancels the connection's task, as ``asyncio.timeout`` does, and
-    :meth:`expired` tells that cancel from any other by ``Task.uncancel``."""
+    the frame's for the rest (an ``asyncio.timeout`` per read armed and cancelled a
+    loop timer three times a request). ``period`` is the shorter of the two, so the
+    frame's deadline after an idle wait does not move the timer. Once the read under
+    way is past its deadline, the connection's task is cancelled, as
+    ``asyncio.timeout`` does, and :meth:`expired` tells that cancel from any other
+    (an admin's kick, the peer leaving) by ``Task.uncancel``."""
+
+    __slots__ = ("_cancelling", "_task")
 
     def __init__(self, task: asyncio.Task[Any], period: float) -> None:
+        super().__init__(task.get_loop(), self._cancel, period)
         self._task = task
-        self._loop = task.get_loop()
-        self._period = period
-        self._at: float | None = None  # the read under way's deadline; None: no read
-        self._timer: asyncio.TimerHandle | None = None
-        self._when = math.inf  # when the timer fires (inf: not armed)
         self._cancelling = -1  # the task's cancels before ours; -1: we cancelled none
-
-    @property
-    def loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop
-
-    def start(self, at: float) -> None:
-        """The reads from now until :meth:`stop` must be done by ``at`` (loop time)."""
-        self._at = at
-        if at < self._when:
-            self._arm(min(at, self._loop.time() + self._period))
-
-    def stop(self) -> None:
-        """No read under way: nothing to time out (handling, waiting for the budget)."""
-        self._at = None
 
     def expired(self) -> bool:
         """Whether the ``CancelledError`` being handled is this deadline's alone (then
@@ -107,31 +88,9 @@ class _ReadDeadline:
         cancelling, self._cancelling = self._cancelling, -1
         return cancelling >= 0 and self._task.uncancel() <= cancelling
 
-    def close(self) -> None:
-        """The connection ends: its timer must not cancel whatever the task does next."""
-        self._at = None
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
-            self._when = math.inf
-
-    def _arm(self, when: float) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-        self._when = when
-        self._timer = self._loop.call_at(when, self._fire)
-
-    def _fire(self) -> None:
-        self._timer, when, self._when = None, self._when, math.inf
-        at = self._at
-        if at is None:
-            return  # between reads: the next read's start arms the timer again
-        if at <= when:  # armed for this very deadline: it has passed
-            self._at = None
-            self._cancelling = self._task.cancelling()
-            self._task.cancel()
-        else:
-            self._arm(min(at, self._loop.time() + self._period))
+    def _cancel(self) -> None:
+        self._cancelling = self._task.cancelling()
+        self._task.cancel()
 
 
 def _advertised(writer: asyncio.StreamWriter) -> tuple[str, int]:
