@@ -7,13 +7,17 @@ time, in its own process, and drives it from this process with a raw grpc stub
 (grpcio's C-core sync channel: the cheapest client at hand, so the server's cost
 is what shows), one call at a time and then with calls in flight:
 
-- ``aio``: ``grpc.aio.server`` on uvloop (what the listener runs);
+- ``aio``: ``grpc.aio.server`` on uvloop (what the listener ran until polymq's own);
 - ``sync``: ``grpc.server`` with a thread pool (grpcio's classic model);
 - ``grpclib``: grpclib 0.4 over the pure-Python ``h2`` HTTP/2 stack, on uvloop;
 - ``h2raw``: a hand-written HTTP/2 framing loop on a uvloop ``Protocol`` (``hpack``
   for the request headers, the response's frames precomputed), unary calls only, no
   flow control beyond a large window: not a server anyone could run, the floor of
-  what a gRPC server written for this one job could cost in Python.
+  what a gRPC server written for this one job could cost in Python;
+- ``polymq``: polymq's own gRPC server (``polymq.protocols.grpc_server``), what the
+  listener runs since grpc.aio's per-call cost was found to be most of RocketMQ's.
+  (The ``h2`` library's state machine under a bare protocol cost 456-622 µs a call
+  here, more than grpc.aio: it is not a row.)
 
     .venv/bin/python -m bench.rocketmq_servers [--servers aio,sync,grpclib] [--runs 3]
 
@@ -41,7 +45,7 @@ from typing import Any
 
 from bench._server import HOST, Meter, free_port
 
-SERVERS = ("aio", "sync", "grpclib", "h2raw")
+SERVERS = ("aio", "sync", "grpclib", "h2raw", "polymq")
 METHOD = "/apache.rocketmq.v2.MessagingService/SendMessage"
 CALLS = 3_000
 IN_FLIGHT = 16
@@ -248,6 +252,33 @@ def _serve_h2raw(port: int) -> None:
     _run(main())
 
 
+def _serve_polymq(port: int) -> None:
+    from rocketmq.grpc_protocol import service_pb2
+
+    from polymq.protocols.grpc_server.calls import Method
+    from polymq.protocols.grpc_server.connection import Limits
+    from polymq.protocols.grpc_server.server import GrpcServer
+
+    answer = service_pb2.SendMessageResponse.FromString(_response())
+
+    async def send(request: Any, call: Any) -> Any:
+        return answer
+
+    async def main() -> None:
+        method = Method(
+            send,
+            service_pb2.SendMessageRequest.FromString,
+            service_pb2.SendMessageResponse.SerializeToString,
+        )
+        server = GrpcServer(
+            {METHOD: method}, Limits(max_message_bytes=4 << 20, handshake_timeout_s=10.0)
+        )
+        await server.start(HOST, port)
+        await asyncio.Event().wait()
+
+    _run(main())
+
+
 def _run(main: Any) -> None:
     try:
         import uvloop
@@ -262,6 +293,7 @@ _SERVE: dict[str, Callable[[int], None]] = {
     "sync": _serve_sync,
     "grpclib": _serve_grpclib,
     "h2raw": _serve_h2raw,
+    "polymq": _serve_polymq,
 }
 
 

@@ -2,8 +2,8 @@
 ``[tls]`` and reloaded in place, and the client certificate's name for principals.
 
 Pure of protocols: listeners take :class:`ServerTls` and wrap their sockets with
-``context``; the gRPC listener, whose TLS is grpc's own, takes the PEM bytes through
-:meth:`ServerTls.grpc_credentials`. Reloading (SIGHUP, :meth:`ServerTls.reload`) loads
+``context`` (the gRPC listener with ``h2_context``, the same offering HTTP/2 by
+ALPN). Reloading (SIGHUP, :meth:`ServerTls.reload`) loads
 the files into the *same* context objects the listeners hold, so new handshakes use
 the new certificate while established connections carry on with the one they made:
 OpenSSL copies the certificate into each connection when it is created. A reload that
@@ -15,20 +15,14 @@ from __future__ import annotations
 
 import logging
 import ssl
-import threading
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from polymq.gateway.config import ConfigError, TlsConfig
-
-if TYPE_CHECKING:
-    import grpc
 
 __all__ = [
     "InternalTls",
     "ServerTls",
-    "TlsMaterial",
     "client_context",
     "internal_tls",
     "peer_common_name",
@@ -39,22 +33,6 @@ log = logging.getLogger(__name__)
 
 _VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 _VERIFY = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
-
-
-@dataclass(frozen=True, slots=True)
-class TlsMaterial:
-    """The files' bytes as last loaded (grpc takes PEM bytes, not a context)."""
-
-    chain: bytes
-    key: bytes
-    ca: bytes | None
-
-
-def _read(path: Path, key: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise ConfigError(f"'tls.{key}' {str(path)!r}: cannot read it: {e.strerror or e}") from e
 
 
 def _load_into(context: ssl.SSLContext, config: TlsConfig) -> None:
@@ -80,70 +58,26 @@ class ServerTls:
         if config.cert_file is None or config.key_file is None:
             raise ConfigError("[tls]: no 'cert_file' and 'key_file': no TLS to serve")
         self.config = config
-        self.context = _new_context(config, ssl.Purpose.CLIENT_AUTH)
-        self.context.verify_mode = _VERIFY[config.verify]
-        _load_into(self.context, config)
-        self._lock = threading.Lock()  # grpc reads the material from its own threads
-        self._material = self._read_material()
-        self._generation = 0
+        self.context = self._server_context()
+        # The gRPC listener's: the same, offering HTTP/2 by ALPN, as grpc clients
+        # require of a server (the other listeners must not offer it).
+        self.h2_context = self._server_context()
+        self.h2_context.set_alpn_protocols(["h2"])
 
-    @property
-    def generation(self) -> int:
-        """How many reloads succeeded: grpc's credentials fetch a new configuration
-        when it moved."""
-        return self._generation
-
-    @property
-    def material(self) -> TlsMaterial:
-        with self._lock:
-            return self._material
-
-    def _read_material(self) -> TlsMaterial:
-        config = self.config
-        assert config.cert_file is not None and config.key_file is not None
-        ca = _read(config.ca_file, "ca_file") if config.ca_file is not None else None
-        chain, key = _read(config.cert_file, "cert_file"), _read(config.key_file, "key_file")
-        return TlsMaterial(chain=chain, key=key, ca=ca)
+    def _server_context(self) -> ssl.SSLContext:
+        context = _new_context(self.config, ssl.Purpose.CLIENT_AUTH)
+        context.verify_mode = _VERIFY[self.config.verify]
+        _load_into(context, self.config)
+        return context
 
     def reload(self) -> None:
         """Load the files again into the live context: new connections use them,
         open ones are untouched. They are tried on a scratch context first, so a bad
         file raises :class:`ConfigError` and changes nothing."""
         _load_into(_new_context(self.config, ssl.Purpose.CLIENT_AUTH), self.config)
-        material = self._read_material()
         _load_into(self.context, self.config)
-        with self._lock:
-            self._material = material
-            self._generation += 1
+        _load_into(self.h2_context, self.config)
         log.info("tls: reloaded %s", self.config.cert_file)
-
-    def grpc_credentials(self) -> grpc.ServerCredentials:
-        """grpc's credentials over the same files, asking for the current material at
-        each new handshake (grpc's dynamic credentials), so a reload reaches gRPC too.
-        grpc offers no "optional" client certificate: ``verify = "optional"`` asks
-        for none there."""
-        import grpc
-
-        required = self.config.verify == "required"
-
-        def configuration(material: TlsMaterial) -> Any:
-            return grpc.ssl_server_certificate_configuration(
-                [(material.key, material.chain)],
-                root_certificates=material.ca if required else None,
-            )
-
-        seen = [self.generation]
-
-        def fetch() -> Any:
-            generation = self.generation
-            if generation == seen[0]:
-                return None  # unchanged: grpc keeps what it has
-            seen[0] = generation
-            return configuration(self.material)
-
-        return grpc.dynamic_ssl_server_credentials(
-            configuration(self.material), fetch, require_client_authentication=required
-        )
 
     def principal_name(self, ssl_object: ssl.SSLObject | ssl.SSLSocket | None) -> str | None:
         """The account a connection's verified client certificate names, when

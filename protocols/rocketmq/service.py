@@ -14,10 +14,10 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-import grpc
 from google.protobuf.message import DecodeError
 from rocketmq.grpc_protocol import Code, service_pb2
 
+from polymq.protocols.grpc_server.calls import Method
 from polymq.protocols.rocketmq.activities import (
     ack,
     offsets,
@@ -30,7 +30,7 @@ from polymq.protocols.rocketmq.activities import (
 from polymq.protocols.rocketmq.runtime import RocketMQServices
 from polymq.protocols.rocketmq.status import Malformed, RpcFailure, log_refusal, status_for
 
-__all__ = ["SERVICE_NAME", "messaging_service"]
+__all__ = ["SERVICE_NAME", "method_table"]
 
 SERVICE_NAME = "apache.rocketmq.v2.MessagingService"
 _METHODS = service_pb2.DESCRIPTOR.services_by_name["MessagingService"].methods_by_name
@@ -125,29 +125,24 @@ def _streaming(
     return handle
 
 
-def messaging_service(rt: RocketMQServices) -> Any:
-    """The grpc handler serving every RPC of the service."""
-    handlers: dict[str, Any] = {}
+def method_table(rt: RocketMQServices) -> dict[str, Method]:
+    """Every RPC of the service, keyed by its gRPC path."""
+    table: dict[str, Method] = {}
     for name, method in _METHODS.items():
-        request = getattr(service_pb2, method.input_type.name)
-        parse = _deserializer(request)
+        parse = _deserializer(getattr(service_pb2, method.input_type.name))
+        path = f"/{SERVICE_NAME}/{name}"
         if name in _UNARY:
             activity, response = _UNARY[name]
-            handlers[name] = grpc.unary_unary_rpc_method_handler(
-                _unary(rt, name, activity, response),
-                request_deserializer=parse,
-                response_serializer=response.SerializeToString,
+            table[path] = Method(
+                _unary(rt, name, activity, response), parse, response.SerializeToString
             )
         else:
             streaming, response = _STREAMING[name]
-            build = (
-                grpc.stream_stream_rpc_method_handler
-                if method.client_streaming
-                else grpc.unary_stream_rpc_method_handler
-            )
-            handlers[name] = build(
+            table[path] = Method(
                 _streaming(rt, name, streaming, response),
-                request_deserializer=parse,
-                response_serializer=response.SerializeToString,
+                parse,
+                response.SerializeToString,
+                client_streaming=method.client_streaming,
+                server_streaming=True,
             )
-    return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
+    return table

@@ -548,6 +548,88 @@ def storage_rpc() -> Iterable[bytes]:
         yield b"\x00" + frame
 
 
+# -- gRPC over HTTP/2 ------------------------------------------------------------------
+
+
+def grpc_frames() -> Iterable[bytes]:
+    """Client sessions after the preface (hpack's encoder, Huffman and indexing as grpc
+    clients use them) to the target's methods; the first byte steers the target (see
+    its docstring)."""
+    import hpack
+
+    from polymq.protocols.grpc_server import frames as f
+    from polymq.protocols.grpc_server.frames import Flag, FrameType, Setting
+    from polymq.protocols.grpc_server.wire import message_bytes
+
+    def session(*calls: tuple[str, list[tuple[str, str]], list[bytes]]) -> bytes:
+        encoder = hpack.Encoder()
+        out = [f.settings(((Setting.INITIAL_WINDOW_SIZE, 1 << 20),)), f.settings_ack()]
+        for number, (path, extra, messages) in enumerate(calls):
+            stream = 2 * number + 1
+            block = encoder.encode(
+                [
+                    (":method", "POST"),
+                    (":scheme", "http"),
+                    (":path", path),
+                    (":authority", "127.0.0.1:8081"),
+                    ("content-type", "application/grpc"),
+                    ("te", "trailers"),
+                    ("user-agent", "grpc-python/1.60"),
+                    *extra,
+                ]
+            )
+            out.append(f.frame(FrameType.HEADERS, Flag.END_HEADERS, stream, block))
+            for message in messages:
+                out.append(f.frame(FrameType.DATA, 0, stream, message_bytes(message)))
+            out.append(f.frame(FrameType.DATA, Flag.END_STREAM, stream, b""))
+        out.append(f.frame(FrameType.PING, 0, 0, b"pingpong"))
+        return b"".join(out)
+
+    metadata = [("grpc-timeout", "5S"), ("x-key", "value"), ("x-data-bin", "AAEC")]
+    sessions = [
+        session(("/t/Echo", [], [b"hello"])),
+        session(("/t/Count", metadata, [b"four"]), ("/t/Echo", [], [b"again"])),
+        session(("/t/Bidi", [], [b"one", b"two", b"three"])),
+        session(("/t/Total", [], [b"a", b"bb", b""])),
+        session(("/t/Fail", [], [b"x"]), ("/t/Nothing", [], [b"x"])),
+        session(("/t/Echo", [], [b"x" * 2000])),  # over the largest message
+        session(*[("/t/Echo", [], [b"%d" % i]) for i in range(6)]),  # over the stream limit
+    ]
+    yield from (bytes((mode,)) + sessions[0] for mode in (0x00, 0x01, 0x03, 0x15))
+    yield from (b"\x00" + one for one in sessions[1:])
+    yield b"\x08" + f.CONNECTION_PREFACE + sessions[0]  # the preface from the input
+    encoder = hpack.Encoder()
+    block = encoder.encode(
+        [(":method", "POST"), (":path", "/t/Bidi"), ("content-type", "application/grpc")]
+    )
+    tricky = b"".join(
+        [
+            f.settings(((Setting.INITIAL_WINDOW_SIZE, 0), (Setting.MAX_FRAME_SIZE, 1 << 15))),
+            # a header block in three pieces, then padded DATA, a window for the answers,
+            # the client's trailers, a compressed message on another stream, a reset
+            f.frame(FrameType.HEADERS, Flag.PRIORITY, 1, b"\x00\x00\x00\x00\x10" + block[:4]),
+            f.frame(FrameType.CONTINUATION, 0, 1, block[4:8]),
+            f.frame(FrameType.CONTINUATION, Flag.END_HEADERS, 1, block[8:]),
+            f.frame(FrameType.DATA, Flag.PADDED, 1, b"\x03" + message_bytes(b"padded") + b"\0" * 3),
+            f.window_update(0, 100),
+            f.window_update(1, 5),  # less than the answer
+            f.frame(
+                FrameType.HEADERS,
+                Flag.END_HEADERS | Flag.END_STREAM,
+                1,
+                encoder.encode([("x-trailer", "t")]),
+            ),
+            f.frame(FrameType.HEADERS, Flag.END_HEADERS, 3, block),
+            f.frame(FrameType.DATA, 0, 3, b"\x01" + struct.pack(">I", 2) + b"zz"),
+            f.frame(FrameType.HEADERS, Flag.END_HEADERS, 5, block),
+            f.rst_stream(5, 8),
+            f.frame(FrameType.PRIORITY, 0, 7, b"\x00\x00\x00\x01\x10"),
+            f.goaway(5, 0),
+        ]
+    )
+    yield from (bytes((mode,)) + tricky for mode in (0x00, 0x02))  # answers run between reads
+
+
 # -- the inputs issue 14 reported, as regression inputs -----------------------------
 
 
@@ -664,6 +746,7 @@ SEEDS: dict[str, Callable[[], Iterable[bytes]]] = {
     "rocketmq_mapping": rocketmq_mapping,
     "sql92": sql92,
     "storage_rpc": storage_rpc,
+    "grpc_frames": grpc_frames,
 }
 
 

@@ -1,8 +1,9 @@
 """Hostile RocketMQ requests (issue 14): a batch send too large for one request is
 refused, an allowed one shares the event loop with every other protocol while it is
 stored, filters nested past the limit are refused before they can recurse, a request
-grpcio's own server dies on leaves RocketMQ served, a connection that never finishes
-its HTTP/2 preface is closed, and metadata that is not UTF-8 logs one line."""
+grpcio's own server died on is answered and leaves RocketMQ served, a connection that
+never finishes its HTTP/2 preface is closed, and metadata that is not UTF-8 is read.
+(The HTTP/2 server's own hostile cases are tests/grpc_server's.)"""
 
 from __future__ import annotations
 
@@ -37,7 +38,6 @@ from tests.rocketmq.conftest import (
     signed,
     simple_consumer,
     unique,
-    wait_until,
 )
 
 _BATCH_LIMIT = 10_000  # limits.max_batch_items as it ships
@@ -272,32 +272,28 @@ def _tracebacks(records: list[logging.LogRecord]) -> list[str]:
     ]
 
 
-def test_a_path_grpc_cannot_decode_leaves_rocketmq_served(
+def test_a_path_that_is_not_utf8_is_unimplemented_and_rocketmq_served_on(
     server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """grpc's server gives up on the request and a fresh one takes the port: a producer
-    connected before keeps sending (over a new connection), a new one connects, the
-    process and MQTT live on, nothing sent is lost, one warning and no traceback is
-    logged. (A connect in the few milliseconds before grpc closes the failed server's
-    socket may be reset, so the clients go on once the successor serves.)"""
+    """(grpcio's server gave up for good on such a ``:path``, decoded strictly before any
+    handler of ours ran.) The call is answered UNIMPLEMENTED on its own stream: a
+    producer connected before keeps sending over the same connection, a new one
+    connects, MQTT lives on, nothing sent is lost, and no traceback is logged."""
     caplog.set_level(logging.INFO)
-    listener = server.gateway.listeners.get("rocketmq")
-    assert isinstance(listener, RocketMQListener)
     topic = unique("t")
     with producer(server, topic) as before:
         before.send(message(topic, b"before"))
         with grpc.insecure_channel(endpoint(server)) as channel:
             hostile = channel.unary_unary(_PATH_NOT_UTF8)
-            with pytest.raises(grpc.RpcError):
+            with pytest.raises(grpc.RpcError) as refused:
                 hostile(b"", timeout=30)
-        wait_until(lambda: listener.restarts)
+            assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
         before.send(message(topic, b"old client"))
         with producer(server, topic) as after:
             after.send(message(topic, b"new client"))
     with simple_consumer(server, unique("g"), topic) as consumer:
         got = receive_all(consumer, 3)
     assert sorted(m.body for m in got) == [b"before", b"new client", b"old client"]
-    assert listener.restarts == 1
     mqtt = RawClient(server.port("mqtt"), level=codec.LEVEL_311)  # the process lives on
     mqtt.connect("after-grpc")
     mqtt.send(codec.PingReq())
@@ -305,17 +301,14 @@ def test_a_path_grpc_cannot_decode_leaves_rocketmq_served(
     mqtt.close()
     gc.collect()  # a failed task nobody awaited is logged when it is collected
     assert not _tracebacks(caplog.records)
-    warnings = [r for r in caplog.records if "gave up" in r.getMessage()]
-    assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
-    assert "UnicodeDecodeError" in warnings[0].getMessage()
 
 
 _PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 
 
 def test_a_connection_that_never_finishes_its_preface_is_closed(tmp_path: Path) -> None:
-    """grpc's own handshake deadline is 120 s; the listener sets it from
-    ``limits.handshake_timeout_ms``."""
+    """The HTTP/2 preface and first SETTINGS are due within
+    ``limits.handshake_timeout_ms`` (grpcio's own deadline was 120 s)."""
     overrides = {"limits.handshake_timeout_ms": "300"}
     factories = {"rocketmq": factory()}
     with live_server(tmp_path, ("rocketmq",), overrides=overrides, factories=factories) as live:
@@ -390,17 +383,15 @@ def _raw_grpc_call(port: int, path: bytes, headers: list[tuple[bytes, bytes]], b
             buffer += chunk
 
 
-def test_metadata_that_is_not_utf8_logs_one_line(
+def test_metadata_that_is_not_utf8_is_read_as_latin1(
     server: LiveServer, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """grpcio reads such a value as Latin-1 and logs "Invalid encoding" with a
-    traceback (the fuzzer's UnicodeDecodeError at grpc_string.pyx.pxi:48), once per
-    value; the listener makes that one INFO line and the call is answered."""
+    """Such a value is read as Latin-1, as grpc reads it, and the call answered, with
+    no traceback (grpcio logged one per value)."""
     caplog.set_level(logging.INFO)
     topic = unique("t")
     metadata = [(k.encode(), v.encode()) for k, v in signed()]
-    tag = unique("v").encode()  # a value reported in the last second is DEBUG only
-    bad = [(b"x-hostile", b"\xff\xfe " + tag), (b"x-hostile-2", tag + b" caf\xe9")]
+    bad = [(b"x-hostile", b"\xff\xfe value"), (b"x-hostile-2", b"caf\xe9")]
     request = service_pb2.SendMessageRequest(messages=[raw_message(topic, b"latin")])
     answer = _raw_grpc_call(
         server.port("rocketmq"),
@@ -411,13 +402,11 @@ def test_metadata_that_is_not_utf8_logs_one_line(
     assert answer is not None, "no response message"
     assert service_pb2.SendMessageResponse.FromString(answer).status.code == Code.OK
     assert not _tracebacks(caplog.records)
-    lines = [r for r in caplog.records if "not UTF-8" in r.getMessage()]
-    assert len(lines) == 2 and all(r.levelno == logging.INFO for r in lines)
 
 
 def test_a_taken_port_is_still_an_error(server: LiveServer) -> None:
-    """The listener binds with SO_REUSEPORT for its hand-overs only: a second listener on
-    a port that one serves already fails to start instead of sharing it."""
+    """A second listener on a port that one serves already fails to start instead of
+    sharing it (SO_REUSEPORT is for polymq run --workers N only)."""
     listener = server.gateway.listeners.get("rocketmq")
     assert isinstance(listener, RocketMQListener)
     second = RocketMQListener(dataclasses.replace(listener._context, port=listener.port))

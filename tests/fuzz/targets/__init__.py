@@ -39,4 +39,5 @@ TARGETS: Mapping[str, Target] = _targets(
     Target("rocketmq_mapping", ("polymq", "google"), 4096),
     Target("sql92", ("polymq",), 4096),
     Target("storage_rpc", ("polymq", "msgpack"), 8192),
+    Target("grpc_frames", ("polymq", "hpack"), 8192),
 )
