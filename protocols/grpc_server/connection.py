@@ -25,6 +25,7 @@ from typing import Any, Final, cast
 import hpack
 import hpack.exceptions
 
+from polymq.gateway.lazy_deadline import LazyDeadline
 from polymq.protocols.grpc_server import frames as f
 from polymq.protocols.grpc_server.calls import Call, Inbox, Method
 from polymq.protocols.grpc_server.frames import ErrorCode, Flag, FrameError, FrameType, Setting
@@ -45,6 +46,7 @@ __all__ = ["Http2Connection", "Limits"]
 log = logging.getLogger(__name__)
 
 _OK_TRAILERS: Final = status_block(StatusCode.OK)
+_KEEPALIVE_PING: Final = b"polymq\x00\x00"
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 
@@ -56,6 +58,10 @@ class Limits:
     max_message_bytes: int
     handshake_timeout_s: float  # for the preface and the first SETTINGS
     write_timeout_s: float = 60.0  # for a peer that stops reading its answers
+    # A peer silent this long is pinged, and cut if the ping is not answered in time:
+    # a peer gone without a word (its machine, its network) holds nothing for long.
+    keepalive_s: float = 60.0
+    ping_timeout_s: float = 20.0
     max_concurrent_streams: int = 1000
     max_header_list_bytes: int = 16 << 10
     stream_window: int = 1 << 20
@@ -156,6 +162,8 @@ class Http2Connection(asyncio.Protocol):
         self._draining = False
         self._handshake: asyncio.TimerHandle | None = None
         self._stalled: asyncio.TimerHandle | None = None  # while writing is paused
+        self._quiet = LazyDeadline(self._loop, self._heard_nothing, limits.keepalive_s)
+        self._pinged = False
         self.peer = ""
 
     # -- the loop's protocol -------------------------------------------------------------
@@ -181,6 +189,7 @@ class Http2Connection(asyncio.Protocol):
             + f.window_update(0, limits.connection_window - f.DEFAULT_WINDOW)
         )
         self._handshake = self._loop.call_later(limits.handshake_timeout_s, self._handshake_late)
+        self._quiet.start(self._loop.time() + limits.keepalive_s)
         self._made(self)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -189,6 +198,7 @@ class Http2Connection(asyncio.Protocol):
             self._handshake.cancel()
         if self._stalled is not None:
             self._stalled.cancel()
+        self._quiet.close()
         for stream in list(self._streams.values()):
             self._drop(stream)
         self._streams.clear()
@@ -226,6 +236,8 @@ class Http2Connection(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self._closing:
             return
+        self._pinged = False
+        self._quiet.start(self._loop.time() + self._limits.keepalive_s)
         buffer = self._buffer
         buffer += data
         out: list[bytes] = []
@@ -260,6 +272,17 @@ class Http2Connection(asyncio.Protocol):
             return
         if out:
             self._write(out)
+
+    def _heard_nothing(self) -> None:
+        if self._closing:
+            return
+        if self._pinged:
+            log.info("grpc connection from %s closed: its peer answers no ping", self.peer)
+            self.abort()
+            return
+        self._pinged = True
+        self._write([f.frame(FrameType.PING, 0, 0, _KEEPALIVE_PING)])
+        self._quiet.start(self._loop.time() + self._limits.ping_timeout_s)
 
     def _handshake_late(self) -> None:
         self._handshake = None

@@ -64,6 +64,8 @@ class RocketMQListener(ListenerBase):
                 handshake_timeout_s=limits.handshake_timeout_ms / 1000,
                 # a peer that stops reading its answers is cut after this
                 write_timeout_s=limits.frame_timeout_ms / 1000,
+                # a silent peer is pinged this often, and cut if it does not answer
+                keepalive_s=limits.frame_timeout_ms / 1000,
                 max_concurrent_streams=_MAX_CONCURRENT_STREAMS,
                 max_header_list_bytes=_MAX_METADATA_BYTES,
             ),

@@ -328,3 +328,34 @@ def test_settings_after_the_handshake_are_acknowledged(served: Served) -> None:
         acks = [f for f in raw.sync() if f[0] == FrameType.SETTINGS and f[1] & Flag.ACK]
         assert acks
         assert raw.call(1, ECHO, b"after") == (0, grpc_message(b"after"))
+
+
+def test_a_peer_that_answers_no_ping_is_cut(caplog: pytest.LogCaptureFixture) -> None:
+    """Silent for ``keepalive_s``, it is pinged; the ping unanswered for
+    ``ping_timeout_s``, the connection is cut (a peer gone without a word)."""
+    with serving(_limits(keepalive_s=0.3, ping_timeout_s=0.3)) as served:
+        with RawH2(served.port) as raw:
+            raw.handshake()
+            frames = raw.read_to_close()  # answering nothing the server sends
+            pings = [f for f in frames if f[0] == FrameType.PING and not f[1] & Flag.ACK]
+            assert pings, f"closed without a ping: {frames}"
+        wait_until(lambda: served.server.connections == 0, "the connection to be cut")
+        assert "answers no ping" in caplog.text
+        served.assert_serving()
+
+
+def test_a_peer_that_answers_its_pings_is_kept() -> None:
+    limits = _limits(keepalive_s=0.2, ping_timeout_s=0.2)
+    with serving(limits) as served, RawH2(served.port) as raw:
+        raw.handshake()
+        for _ in range(3):  # three pings in turn, each answered
+            (ping,) = (
+                f
+                for f in raw.read_until(
+                    lambda kind, flags, *_: kind == FrameType.PING and not flags & Flag.ACK
+                )
+                if f[0] == FrameType.PING and not f[1] & Flag.ACK
+            )
+            raw.send(frame(FrameType.PING, Flag.ACK, 0, ping[3]))
+        assert raw.call(1, ECHO, b"still here") == (0, grpc_message(b"still here"))
+        assert served.server.connections == 1
