@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Coroutine
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
@@ -22,6 +23,7 @@ from pamqp.heartbeat import Heartbeat
 from polymq.gateway.accounts import AuthError, Principal
 from polymq.gateway.connections import AccountConnectionLimit, current_connection_id
 from polymq.gateway.fairness import SLICE, pause
+from polymq.gateway.lazy_deadline import LazyDeadline
 from polymq.gateway.listeners import ListenerContext, peer_certificate_name
 from polymq.gateway.processor import Caller
 from polymq.gateway.quotas import AccountQuota
@@ -53,9 +55,6 @@ _CLOSE_OK_TIMEOUT_S: Final = 1.0
 _MIN_FRAME_MAX: Final = 4096  # spec: frame-min-size
 _BLOCKED_AFTER_S: Final = 1.0
 _READ_SIZE: Final = 1 << 16
-# A read's watch timer may fire this much before the read's limit (timer granularity)
-# and still end it.
-_WATCH_SLACK_S: Final = 0.001
 
 SERVER_CAPABILITIES: Final = {
     "publisher_confirms": True,
@@ -138,10 +137,12 @@ class AmqpConnection:
         self._reading: asyncio.Task[Any] | None = None
         self._read_interrupted = False
         self._loop_task: asyncio.Task[Any] | None = None  # the frame loop's, once known
-        # The limit of the read under way (loop time; None: none), the timer that
-        # keeps it, and whether that timer cancelled the read.
-        self._read_deadline: float | None = None
-        self._watch: asyncio.TimerHandle | None = None
+        # The limit of the read under way, and whether it cancelled the read. No
+        # period (inf): the timer goes straight to the earliest limit and, firing for
+        # one since met, on to the limit of the read then under way.
+        self._read_deadline = LazyDeadline(
+            asyncio.get_running_loop(), self._read_expiry, period=math.inf
+        )
         self._read_expired = False
         self._blocked_capable = False
         # The account's quota as last looked up, and for which quotas and principal.
@@ -235,7 +236,7 @@ class AmqpConnection:
         reading = self._reading
         if reading is not None and not self._read_interrupted:
             self._read_interrupted = True
-            if not self._read_expired:  # else cancelled already, by the watch
+            if not self._read_expired:  # else cancelled already, by its deadline
                 reading.cancel()
 
     def fail_channel(self, channel: Channel, error: AmqpError) -> None:
@@ -399,31 +400,36 @@ class AmqpConnection:
         if reservation is not None:
             await reservation.__aexit__(None, None, None)
 
-    def _read_timeout(self) -> tuple[float | None, bool]:
-        """How long the next read may wait, and whether the limit is the frame
-        timeout (a frame begun must arrive whole) rather than the heartbeat or
-        handshake one."""
-        timeout: float | None = self._heartbeat_s * 2 if self._heartbeat_s else None
+    def _read_limit(self) -> tuple[float | None, bool]:
+        """When the next read must be done (loop time; None: never), and whether the
+        limit is the frame timeout's (a frame begun must arrive whole) rather than
+        the heartbeat or handshake one. Limits kept as loop times, not recomputed
+        from what is left: each read of a frame begun gives its deadline the same
+        limit, which moves no timer."""
+        heartbeat_s = self._heartbeat_s
         frames = self._frames
         if self._state is ConnectionState.OPEN and not frames.buffered:
             self._frame_begun = None  # the common case: between frames, logged in
-            return timeout, False
-        now = asyncio.get_running_loop().time()
+            if not heartbeat_s:
+                return None, False
+            return self._read_deadline.loop.time() + heartbeat_s * 2, False
+        now = self._read_deadline.loop.time()
+        at: float | None = now + heartbeat_s * 2 if heartbeat_s else None
         if self._state in (
             ConnectionState.AWAIT_START_OK,
             ConnectionState.AWAIT_TUNE_OK,
             ConnectionState.AWAIT_OPEN,
         ):
-            timeout = max(0.0, self._handshake_deadline - now)
+            at = self._handshake_deadline
         if not frames.buffered:
             self._frame_begun = None
         else:
             if self._frame_begun is None or self._frame_begun[0] != frames.frames_read:
                 self._frame_begun = (frames.frames_read, now)
-            left = max(0.0, self._frame_begun[1] + self._frame_timeout_s - now)
-            if timeout is None or left < timeout:
-                return left, True
-        return timeout, False
+            frame_at = self._frame_begun[1] + self._frame_timeout_s
+            if at is None or frame_at < at:
+                return frame_at, True
+        return at, False
 
     async def _read(self) -> bytes:
         """The next bytes from the peer (b"" once it hung up). Waits in the frame
@@ -431,19 +437,20 @@ class AmqpConnection:
         of a message's CPU at everyday rates). A ``fail`` from another task meanwhile
         cancels the read (see ``fail``); the bytes not read stay in the stream for
         ``_await_close_ok``. The read's time limit (heartbeats, handshake, a frame
-        begun) is kept by the connection's watch timer (``_watch_read``), not by an
+        begun) is kept by the connection's one :class:`LazyDeadline`, not by an
         ``asyncio.timeout`` armed and cancelled around every read."""
         if self._closing.is_set():
             await self._await_close_ok()
             raise _Closed
-        timeout, for_frame = self._read_timeout()
+        at, for_frame = self._read_limit()
         task = self._loop_task
         if task is None:
             task = self._loop_task = asyncio.current_task()
             assert task is not None
         self._reading = task
-        if timeout is not None:
-            self._watch_read(timeout)
+        deadline = self._read_deadline
+        if at is not None:
+            deadline.start(at)
         try:
             return await self._reader.read(_READ_SIZE)
         except ConnectionError:
@@ -467,35 +474,17 @@ class AmqpConnection:
                 raise _Closed from None
         finally:
             self._reading = None
-            self._read_deadline = None
+            if at is not None:
+                deadline.stop()
         # ``fail`` interrupted the read: closing, as the close-ok wait says.
         await self._await_close_ok()
         raise _Closed
 
-    def _watch_read(self, timeout: float) -> None:
-        """Limit the read starting now to ``timeout`` seconds. One timer serves many
-        reads: it is re-armed only when this read's limit comes before it; when it
-        fires for a read with time left (or between reads) it is armed again for that
-        read's limit, or not at all. With heartbeats (60 s by default) a read used to
-        arm and cancel a timer of its own, twice a message at everyday rates."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        self._read_deadline = deadline
-        watch = self._watch
-        if watch is not None:
-            if watch.when() <= deadline:
-                return  # fires first, then looks at this read's limit
-            watch.cancel()
-        self._watch = loop.call_at(deadline, self._on_watch)
-
-    def _on_watch(self) -> None:
-        self._watch = None
-        deadline, reading = self._read_deadline, self._reading
-        if reading is None or deadline is None or self._read_interrupted:
-            return  # between reads: the next read arms it again
-        loop = asyncio.get_running_loop()
-        if loop.time() < deadline - _WATCH_SLACK_S:
-            self._watch = loop.call_at(deadline, self._on_watch)
+    def _read_expiry(self) -> None:
+        """The read under way is past its limit (``_read_deadline``'s expiry): cancel
+        it, unless ``fail`` has already."""
+        reading = self._reading
+        if reading is None or self._read_interrupted:
             return
         self._read_expired = True
         reading.cancel()
@@ -801,9 +790,7 @@ class AmqpConnection:
     async def _cleanup(self) -> None:
         if self._heartbeat_task is not None:
             self._heartbeat_task.cancel()
-        if self._watch is not None:
-            self._watch.cancel()
-            self._watch = None
+        self._read_deadline.close()
         await self._release_budget()
         try:
             await self._close_channels()
