@@ -47,6 +47,9 @@ log = logging.getLogger(__name__)
 
 _OK_TRAILERS: Final = status_block(StatusCode.OK)
 _KEEPALIVE_PING: Final = b"polymq\x00\x00"
+# Streams we reset are remembered this many at a time, so that frames the peer sent
+# before it read the reset are ignored (a peer's frames in flight, not a bound).
+_RESET_STREAMS_KEPT: Final = 128
 _SETTING = struct.Struct(">HI")
 _U32 = struct.Struct(">I")
 
@@ -157,6 +160,7 @@ class Http2Connection(asyncio.Protocol):
         self._held = 0
         self._waiting: dict[int, _Stream] = {}  # streams whose message waits for the budget
         self._blocked: dict[int, _Stream] = {}  # streams with answer bytes waiting for window
+        self._reset_streams: dict[int, None] = {}  # the last ones we reset, oldest first
         self._paused: asyncio.Future[None] | None = None
         self._closing = False
         self._draining = False
@@ -169,9 +173,8 @@ class Http2Connection(asyncio.Protocol):
     # -- the loop's protocol -------------------------------------------------------------
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self._transport = transport = cast(
-            asyncio.Transport, transport
-        )  # (uvloop's is no subclass)
+        transport = cast(asyncio.Transport, transport)  # (uvloop's is no subclass of it)
+        self._transport = transport
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -449,11 +452,13 @@ class Http2Connection(asyncio.Protocol):
                 )
             self._remote_end(stream, out)
             return
+        if stream_id in self._reset_streams:
+            return  # the peer's trailers crossed our RST_STREAM: ignored (RFC 9113 §5.1)
         if stream_id % 2 == 0 or stream_id <= self._last_stream:
             raise FrameError(ErrorCode.PROTOCOL_ERROR, f"a new stream {stream_id} out of order")
         self._last_stream = stream_id
         if self._draining or len(self._streams) >= self._limits.max_concurrent_streams:
-            out.append(f.rst_stream(stream_id, ErrorCode.REFUSED_STREAM))
+            self._reset_stream(stream_id, ErrorCode.REFUSED_STREAM, out)
             return
         path = method_name = b""
         timeout: float | None = None
@@ -481,7 +486,7 @@ class Http2Connection(asyncio.Protocol):
                 )
             out.append(f.headers_frames(stream_id, refusal, self._peer_frame_size, end_stream=True))
             if not end_stream:
-                out.append(f.rst_stream(stream_id, ErrorCode.NO_ERROR))
+                self._reset_stream(stream_id, ErrorCode.NO_ERROR, out)
             return
         deadline = self._loop.time() + timeout if timeout is not None else None
         call = Call(self.peer, metadata(headers), deadline, self._loop)
@@ -800,12 +805,21 @@ class Http2Connection(asyncio.Protocol):
         self._forget(stream)
         self._release(stream)
         if not stream.remote_closed:
-            out.append(f.rst_stream(stream.id, ErrorCode.NO_ERROR))
+            self._reset_stream(stream.id, ErrorCode.NO_ERROR, out)
 
     def _reset(self, stream: _Stream, code: int, out: list[bytes]) -> None:
-        out.append(f.rst_stream(stream.id, code))
+        self._reset_stream(stream.id, code, out)
         self._forget(stream)
         self._drop(stream)
+
+    def _reset_stream(self, stream_id: int, code: int, out: list[bytes]) -> None:
+        """RST_STREAM to a peer that may still be sending on it: what it sent before
+        reading that (DATA, its trailers) is ignored, not an error."""
+        out.append(f.rst_stream(stream_id, code))
+        reset = self._reset_streams
+        reset[stream_id] = None
+        if len(reset) > _RESET_STREAMS_KEPT:
+            del reset[next(iter(reset))]
 
     def _drop(self, stream: _Stream) -> None:
         """The stream is gone (reset, or the connection lost): its call is cancelled and

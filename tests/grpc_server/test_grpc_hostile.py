@@ -359,3 +359,17 @@ def test_a_peer_that_answers_its_pings_is_kept() -> None:
             raw.send(frame(FrameType.PING, Flag.ACK, 0, ping[3]))
         assert raw.call(1, ECHO, b"still here") == (0, grpc_message(b"still here"))
         assert served.server.connections == 1
+
+
+def test_trailers_crossing_our_reset_are_ignored(served: Served) -> None:
+    """A call refused before the client finished it is reset; the client's trailers
+    sent before it read the reset are ignored (RFC 9113 §5.1), not a connection error."""
+    with RawH2(served.port) as raw:
+        raw.handshake()
+        raw.open(1, "/test.Grpc/Nothing")  # not ended: the refusal resets it
+        raw.finish(1)
+        raw.sync()  # (the reset follows the trailers)
+        assert raw.status(1) == 12 and raw.resets.get(1) == ErrorCode.NO_ERROR
+        raw.send(frame(FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, 1, b""))
+        assert raw.call(3, ECHO, b"after") == (0, grpc_message(b"after"))
+        assert raw.goaway is None
