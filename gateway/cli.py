@@ -450,9 +450,11 @@ def main(argv: Sequence[str] | None = None, env: Mapping[str, str] | None = None
 def _serve(command: str, config: GatewayConfig) -> int:
     """Run one process of either form in the foreground. The imports stay here: each
     pulls in only what its process needs, and ``--help`` none of it."""
-    from polymq.gateway.server import run, run_foreground
+    from polymq.gateway.foreground import run_foreground
 
     if command == "run":
+        from polymq.gateway.server import run
+
         return run(config)
     if command == "worker":
         from polymq.gateway.workers import run_worker
@@ -462,6 +464,8 @@ def _serve(command: str, config: GatewayConfig) -> int:
         if not config.cluster.nameservers:
             print("polymq gateway: give --nameserver (or cluster.nameservers)", file=sys.stderr)
             return 2
+        from polymq.gateway.server import run
+
         return run(config)
     if command == "storage":
         from polymq.gateway.roles import serve_node

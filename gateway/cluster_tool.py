@@ -4,7 +4,8 @@ kill and restart its parts.
 
 :class:`LocalCluster` starts a nameserver, a navigation service, N storage nodes and
 M gateways (each a ``polymq`` subprocess with its own ports and data folder) in that
-order, waits for each to log ``ready``, learns the addresses each bound from its log
+order, the ones that need nothing of each other side by side, waits for each to log
+``ready``, learns the addresses each bound from its log
 (so every port may be 0, any free one), prefixes every child's log lines with its
 name, and stops them all, gateways first. It restarts nothing by itself: the tests
 that kill a child decide when it comes back.
@@ -67,6 +68,12 @@ _LISTENER = re.compile(r"listener (?P<name>\w+): (?P<host>[^\s:,]+):(?P<port>\d+
 _READY = re.compile(
     r"(?: INFO [\w.]+: (?:storage node: )?ready(?: \(pid \d+\))?|\[INF\] Server is ready)$"
 )
+# Which processes need which others to be ready before they start (anything else,
+# gateways and workers, comes last): ``{nameserver}`` and ``{navigation}`` stand for
+# addresses learned from those services' logs, a storage node registers with the
+# nameserver and keeps its log in NATS.
+_STAGE = {"nats": 0, "nameserver": 1, "navigation": 1, "storage": 2}
+_LAST_STAGE = 3
 _METRICS_PORT = 10915  # storage node i's /metrics: 10915 + 10 i (its node port + 4)
 _PORT_FLAGS = {
     "main": "--port",
@@ -330,21 +337,32 @@ class LocalCluster:
                 args[args.index(flag) + 1] = str(bound)
         return args
 
-    async def start(self, name: str | None = None) -> None:
-        """Start one process (again), or all in order; returns once ready."""
+    def _stages(self) -> list[list[_Child]]:
+        """The children by start order: each stage needs only the ones before it."""
+        stages: dict[int, list[_Child]] = {}
         for child in self.children.values():
-            if name is None or child.spec.name == name:
+            stages.setdefault(_STAGE.get(child.spec.args[0], _LAST_STAGE), []).append(child)
+        return [stages[stage] for stage in sorted(stages)]
+
+    async def start(self, name: str | None = None) -> None:
+        """Start one process (again), or all, a stage at a time: a stage's processes
+        start together (each one's start-up is mostly its imports, which the machine's
+        cores run side by side) once the stage before is ready."""
+        for stage in self._stages():
+            children = [c for c in stage if name is None or c.spec.name == name]
+            for child in children:
                 await child.start(self._args(child))
-                await child.wait_ready()
+            await asyncio.gather(*(child.wait_ready() for child in children))
 
     async def kill(self, name: str) -> None:
         await self.children[name].stop(signal.SIGKILL)
 
     async def stop(self, name: str | None = None) -> None:
-        """Stop one process, or all: gateways first, the nameserver last."""
-        for child in reversed(self.children.values()):
-            if name is None or child.spec.name == name:
-                await child.stop()
+        """Stop one process, or all, a stage at a time: gateways first, the
+        nameserver and the NATS servers last."""
+        for stage in reversed(self._stages()):
+            children = [c for c in stage if name is None or c.spec.name == name]
+            await asyncio.gather(*(child.stop() for child in children))
 
     def exited(self) -> list[str]:
         return [

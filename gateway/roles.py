@@ -3,7 +3,9 @@ configuration: ``polymq storage``, ``polymq nameserver`` and ``polymq navigation
 
 Part of the composition root: it reads the whole configuration and hands each role
 only its own settings, so the storage node, the nameserver and navigation never import
-the gateway's configuration.
+the gateway's configuration. Each role imports its own server when it starts: a
+process's start-up time is mostly its imports, and a nameserver need not load the
+storage engine, nor a storage node the navigation service's web framework.
 """
 
 from __future__ import annotations
@@ -13,19 +15,17 @@ import dataclasses
 import logging
 import ssl
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from polymq.gateway.config import GatewayConfig, engine_config
 from polymq.gateway.tls import internal_tls
-from polymq.nameserver.server import Nameserver
-from polymq.navigation.server import NavigationServer
 from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
 from polymq.storage import batch_formats
-from polymq.storage.engine import Engine, EngineConfig
-from polymq.storage.node import StorageNode
-from polymq.storage.node_metrics import serving_metrics
 from polymq.storage.replicated.config import ReplicationConfig
-from polymq.storage.replicated.host import ShardHost
-from polymq.storage.replicated.pool import NatsPool
+
+if TYPE_CHECKING:
+    from polymq.storage.engine import Engine, EngineConfig
+    from polymq.storage.node import StorageNode
 
 __all__ = [
     "register_batch_formats",
@@ -50,6 +50,10 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
     """Run a storage node from the gateway's config until ``stop`` is set
     (``polymq storage``): the shards it holds leases of in the replicated pool, or
     one engine over its own disk."""
+    from polymq.storage.engine import Engine
+    from polymq.storage.node import StorageNode
+    from polymq.storage.node_metrics import serving_metrics
+
     register_batch_formats()
     if config.replication.enabled:
         await _serve_shards(config, stop)
@@ -102,6 +106,11 @@ def shard_names(replication: ReplicationConfig) -> list[str]:
 
 
 async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
+    from polymq.storage.node import StorageNode
+    from polymq.storage.node_metrics import serving_metrics
+    from polymq.storage.replicated.host import ShardHost
+    from polymq.storage.replicated.pool import NatsPool
+
     replication = config.replication
     name = config.node.node_id or f"{config.server.host}:{config.node.port}"
     base = engine_config(config)
@@ -165,6 +174,8 @@ async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:
 
     Warm-up after a start: three node heartbeat intervals (bounded by the expiry), the
     time every live node needs to report in."""
+    from polymq.nameserver.server import Nameserver
+
     expiry_ms = config.nameserver.node_expiry_ms
     nameserver = Nameserver(
         host=config.server.host,
@@ -184,6 +195,8 @@ async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:
 
 async def serve_navigation(config: GatewayConfig, stop: asyncio.Event) -> None:
     """``polymq navigation``: serve until ``stop`` is set (signals are the caller's)."""
+    from polymq.navigation.server import NavigationServer
+
     expiry_ms = config.navigation.gateway_expiry_ms
     async with NavigationServer(
         host=config.server.host,

@@ -42,8 +42,9 @@ from pathlib import Path
 
 from polymq.gateway.cluster_tool import LocalCluster, ProcessSpec, Supervisor
 from polymq.gateway.config import ENV_PREFIX, TLS_LISTENERS, GatewayConfig, engine_config
+from polymq.gateway.foreground import run_foreground
 from polymq.gateway.roles import register_batch_formats
-from polymq.gateway.server import run, run_foreground
+from polymq.gateway.server import run
 from polymq.nameserver.server import Nameserver
 from polymq.navigation.server import NavigationServer
 from polymq.storage.engine import Engine
