@@ -663,6 +663,7 @@ class Http2Connection(asyncio.Protocol):
             return
         if self._streams.get(stream.id) is not stream:
             return
+        out: list[bytes]
         message = message_bytes(answer)
         size = len(message)
         if (
@@ -673,21 +674,18 @@ class Http2Connection(asyncio.Protocol):
         ):
             # the usual case: headers, message and trailers in one write
             self._send_window -= size
-            self._write(
-                [
-                    f.frame(FrameType.HEADERS, Flag.END_HEADERS, stream.id, RESPONSE_HEADERS),
-                    f.frame(FrameType.DATA, 0, stream.id, message),
-                    f.frame(
-                        FrameType.HEADERS,
-                        Flag.END_HEADERS | Flag.END_STREAM,
-                        stream.id,
-                        _OK_TRAILERS,
-                    ),
-                ]
+            out = []
+            self._open_answer(stream, out)
+            out.append(f.frame(FrameType.DATA, 0, stream.id, message))
+            out.append(
+                f.frame(
+                    FrameType.HEADERS, Flag.END_HEADERS | Flag.END_STREAM, stream.id, _OK_TRAILERS
+                )
             )
+            self._write(out)
             self._forget(stream)  # (a unary call starts once its request is whole)
             return
-        out: list[bytes] = []
+        out = []
         self._queue(stream, message, out)
         stream.trailers = _OK_TRAILERS
         self._push(stream, out)
@@ -756,10 +754,14 @@ class Http2Connection(asyncio.Protocol):
 
     # -- answers out ---------------------------------------------------------------------
 
-    def _queue(self, stream: _Stream, message: bytes, out: list[bytes]) -> None:
+    def _open_answer(self, stream: _Stream, out: list[bytes]) -> None:
+        """The answer's HEADERS: once, before its first message or its trailers."""
         if not stream.headers_sent:
             stream.headers_sent = True
             out.append(f.frame(FrameType.HEADERS, Flag.END_HEADERS, stream.id, RESPONSE_HEADERS))
+
+    def _queue(self, stream: _Stream, message: bytes, out: list[bytes]) -> None:
+        self._open_answer(stream, out)
         stream.pending += message
 
     def _push(self, stream: _Stream, out: list[bytes]) -> None:
@@ -782,11 +784,7 @@ class Http2Connection(asyncio.Protocol):
         if space is not None and not space.done():
             space.set_result(None)
         if stream.trailers is not None:
-            if not stream.headers_sent:
-                stream.headers_sent = True
-                out.append(
-                    f.frame(FrameType.HEADERS, Flag.END_HEADERS, stream.id, RESPONSE_HEADERS)
-                )
+            self._open_answer(stream, out)
             out.append(
                 f.headers_frames(stream.id, stream.trailers, self._peer_frame_size, end_stream=True)
             )
@@ -794,6 +792,8 @@ class Http2Connection(asyncio.Protocol):
             self._finished(stream, out)
 
     def _push_blocked(self, out: list[bytes]) -> None:
+        if not self._blocked:
+            return
         for stream in list(self._blocked.values()):
             if self._send_window <= 0:
                 return
