@@ -140,11 +140,15 @@ def test_shared_subscription_balances_and_hands_over(tmp_path: Path) -> None:
         a.subscribe("$share/workers/tasks/#", qos=1)
         b.subscribe("$share/workers/tasks/#", qos=1)
         pub = Paho(port, v5=True).connect()
-        for i in range(40):
+        # Members take a few at a time as they come: enough tasks that one member
+        # slow to wake (a loaded machine) still gets work (with 40, one member once
+        # took them all in a clean run, 4 at a time, before the other woke).
+        tasks = 200
+        for i in range(tasks):
             pub.publish(f"tasks/{i}", str(i).encode(), qos=1)
-        wait_until(lambda: len(a.messages) + len(b.messages) >= 40, what="40 tasks")
+        wait_until(lambda: len(a.messages) + len(b.messages) >= tasks, what=f"{tasks} tasks")
         payloads = sorted(int(m.payload) for m in a.messages + b.messages)
-        assert payloads == list(range(40))
+        assert payloads == list(range(tasks))
         assert a.messages and b.messages  # both members got work
 
 
