@@ -452,16 +452,12 @@ def _serve(command: str, config: GatewayConfig) -> int:
     pulls in only what its process needs, and ``--help`` none of it."""
     from polymq.gateway.foreground import run_foreground
 
-    if command == "run":
-        from polymq.gateway.server import run
-
-        return run(config)
     if command == "worker":
         from polymq.gateway.workers import run_worker
 
         return run_worker(config)
-    if command == "gateway":
-        if not config.cluster.nameservers:
+    if command in ("run", "gateway"):
+        if command == "gateway" and not config.cluster.nameservers:
             print("polymq gateway: give --nameserver (or cluster.nameservers)", file=sys.stderr)
             return 2
         from polymq.gateway.server import run

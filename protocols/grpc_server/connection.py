@@ -663,7 +663,7 @@ class Http2Connection(asyncio.Protocol):
             return
         if self._streams.get(stream.id) is not stream:
             return
-        out: list[bytes]
+        out: list[bytes] = []
         message = message_bytes(answer)
         size = len(message)
         if (
@@ -674,7 +674,6 @@ class Http2Connection(asyncio.Protocol):
         ):
             # the usual case: headers, message and trailers in one write
             self._send_window -= size
-            out = []
             self._open_answer(stream, out)
             out.append(f.frame(FrameType.DATA, 0, stream.id, message))
             out.append(
@@ -685,7 +684,6 @@ class Http2Connection(asyncio.Protocol):
             self._write(out)
             self._forget(stream)  # (a unary call starts once its request is whole)
             return
-        out = []
         self._queue(stream, message, out)
         stream.trailers = _OK_TRAILERS
         self._push(stream, out)
