@@ -20,7 +20,7 @@ from polymq.gateway.config import ConfigError
 from polymq.gateway.log_format import JsonFormatter
 from polymq.storage.errors import StorageError
 
-__all__ = ["configure_logging", "on_reload_signal", "run_foreground"]
+__all__ = ["announce", "configure_logging", "on_reload_signal", "run_foreground"]
 
 log = logging.getLogger("polymq")
 
@@ -39,6 +39,17 @@ def configure_logging(level: str, log_format: str = "text") -> None:
             handler.setFormatter(JsonFormatter())
     # httpx logs every request at INFO: navigation heartbeats would flood the log.
     logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.getLogger().level))
+
+
+def announce(logger: logging.Logger, message: str, *args: object) -> None:
+    """An INFO line logged whatever ``--log-level`` says, for the addresses a process
+    bound and its "ready": a supervising parent (``cluster up``, ``run --workers``)
+    learns its children's ports and readiness from these lines, and an operator who
+    quieted the log to warnings still sees where the server listens (PostgreSQL
+    prints "ready to accept connections" at any level). ``Logger.handle`` skips the
+    level check that ``Logger.info`` makes; handlers and filters still apply."""
+    if not logger.disabled:
+        logger.handle(logger.makeRecord(logger.name, logging.INFO, "", 0, message, args, None))
 
 
 def on_reload_signal(

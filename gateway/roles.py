@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from polymq.gateway.config import GatewayConfig, engine_config
+from polymq.gateway.foreground import announce
 from polymq.gateway.tls import internal_tls
 from polymq.protocols.kafka.records import BATCH_FORMAT, expand_batch
 from polymq.storage import batch_formats
@@ -26,6 +27,7 @@ from polymq.storage.replicated.config import ReplicationConfig
 if TYPE_CHECKING:
     from polymq.storage.engine import Engine, EngineConfig
     from polymq.storage.node import StorageNode
+    from polymq.storage.node_metrics import MetricsServer
 
 __all__ = [
     "register_batch_formats",
@@ -44,6 +46,12 @@ def register_batch_formats() -> None:
     storage needs the expanders, which only the root may name."""
     if not batch_formats.is_registered(BATCH_FORMAT):
         batch_formats.register(BATCH_FORMAT, expand_batch)
+
+
+def _announce_metrics(metrics: MetricsServer | None) -> None:
+    """cluster_tool learns a storage process's ``/metrics`` port from this line."""
+    if metrics is not None:
+        announce(log, "storage node: metrics on http://%s:%d/metrics", *metrics.address)
 
 
 async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
@@ -77,15 +85,12 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
             config.node.metrics_port,
             config.server.host,
             lambda: [(node.node_id, engine.log_stats)],
-        ):
+        ) as metrics:
+            _announce_metrics(metrics)
             host, port = node.address
             log.info("storage node: id %s", node.node_id)
-            log.info(
-                "storage node: listening on %s:%d (advertised as %s)",
-                host,
-                port,
-                node.advertised_host,
-            )
+            listening = "storage node: listening on %s:%d (advertised as %s)"
+            announce(log, listening, host, port, node.advertised_host)
             log.info("storage node: data in %s", engine.config.data_dir)
             log.info(
                 "storage node: nameservers %s",
@@ -93,7 +98,7 @@ async def serve_node(config: GatewayConfig, stop: asyncio.Event) -> None:
                 if node.nameservers
                 else "none (not registered anywhere)",
             )
-            log.info("storage node: ready")
+            announce(log, "storage node: ready")
             await stop.wait()
     finally:
         await node.close()
@@ -149,7 +154,8 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
             config.server.host,
             lambda: [(shard, served.log.stats) for shard, served in host.served.items()],
             host.pool.stats,
-        ):
+        ) as metrics:
+            _announce_metrics(metrics)
             nats = ", ".join(replication.nats)
             log.info("storage node: %s, replicated pool over NATS %s", name, nats)
             log.info(
@@ -162,8 +168,8 @@ async def _serve_shards(config: GatewayConfig, stop: asyncio.Event) -> None:
             # of its first shard (the shard's own route is in the nameserver).
             served = sorted(host.served.values(), key=lambda s: s.node.node_id)
             if served:
-                log.info("storage node: listening on %s:%d", *served[0].node.address)
-            log.info("storage node: ready")
+                announce(log, "storage node: listening on %s:%d", *served[0].node.address)
+            announce(log, "storage node: ready")
             await stop.wait()
     finally:
         await host.close()
@@ -186,8 +192,8 @@ async def serve_nameserver(config: GatewayConfig, stop: asyncio.Event) -> None:
     )
     async with nameserver:
         host, port = nameserver.address
-        log.info("nameserver: listening on %s:%d, node expiry %d ms", host, port, expiry_ms)
-        log.info("ready")
+        announce(log, "nameserver: listening on %s:%d, node expiry %d ms", host, port, expiry_ms)
+        announce(log, "ready")
         await stop.wait()
         log.info("stopping")
     log.info("stopped")
@@ -204,8 +210,9 @@ async def serve_navigation(config: GatewayConfig, stop: asyncio.Event) -> None:
         gateway_expiry_ms=expiry_ms,
         ssl=_server_ssl(config),
     ) as navigation:
-        log.info("navigation: listening on %s, gateway expiry %d ms", navigation.url, expiry_ms)
-        log.info("ready")
+        url = navigation.url
+        announce(log, "navigation: listening on %s, gateway expiry %d ms", url, expiry_ms)
+        announce(log, "ready")
         await stop.wait()
         log.info("stopping")
     log.info("stopped")

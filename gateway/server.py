@@ -13,7 +13,7 @@ from collections.abc import Mapping
 
 from polymq.gateway.assembly import build_gateway, storage_url
 from polymq.gateway.config import GatewayConfig
-from polymq.gateway.foreground import on_reload_signal, run_foreground
+from polymq.gateway.foreground import announce, on_reload_signal, run_foreground
 from polymq.gateway.gateway import Gateway
 from polymq.gateway.listeners import ListenerFactory
 from polymq.gateway.log_format import ConnectionFields
@@ -63,7 +63,7 @@ async def _serve_gateway(config: GatewayConfig, gateway: Gateway, stop: asyncio.
     async with gateway:
         for listener in gateway.listeners:
             host, port = listener.address or (config.server.host, listener.port)
-            log.info("listener %s: %s:%d", listener.name, host, port)
+            announce(log, "listener %s: %s:%d", listener.name, host, port)
         for name in gateway.unbuilt:
             port = getattr(config.listeners, name).port
             log.info("listener %s (port %d): not built yet, not listening", name, port)
@@ -77,7 +77,7 @@ async def _serve_gateway(config: GatewayConfig, gateway: Gateway, stop: asyncio.
         # the garbage collector's full passes, which would otherwise rescan it
         # over and over while messages flow.
         gc.freeze()
-        log.info("ready (pid %d)", os.getpid())
+        announce(log, "ready (pid %d)", os.getpid())
         try:
             await stop.wait()
         finally:

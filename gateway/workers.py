@@ -42,7 +42,7 @@ from pathlib import Path
 
 from polymq.gateway.cluster_tool import LocalCluster, ProcessSpec, Supervisor
 from polymq.gateway.config import ENV_PREFIX, TLS_LISTENERS, GatewayConfig, engine_config
-from polymq.gateway.foreground import run_foreground
+from polymq.gateway.foreground import announce, run_foreground
 from polymq.gateway.roles import register_batch_formats
 from polymq.gateway.server import run
 from polymq.nameserver.server import Nameserver
@@ -239,18 +239,19 @@ async def _supervise(
         for name, port in ports.items():
             if name in TLS_LISTENERS and not config.tls.cert_file:
                 continue
-            log.info("listener %s: %s:%d (shared by the workers)", name, config.server.host, port)
+            host = config.server.host
+            announce(log, "listener %s: %s:%d (shared by the workers)", name, host, port)
         for name, child in children.children.items():
             own = child.addresses.get("kafka")
             pid = child.process.pid if child.process is not None else 0
             if own is not None:
-                log.info("%s: pid %d, own Kafka port %d", name, pid, own[1])
+                announce(log, "%s: pid %d, own Kafka port %d", name, pid, own[1])
         supervisor = Supervisor(
             children,
             status_path=Path(config.storage.data_dir) / STATUS_FILE,
             log=lambda line: log.warning("%s", line.replace("polymq cluster: ", "")),
         )
-        log.info("ready (pid %d)", os.getpid())
+        announce(log, "ready (pid %d)", os.getpid())
         supervising = asyncio.create_task(supervisor.run())
         stopping = asyncio.create_task(stop.wait())
         await asyncio.wait({supervising, stopping}, return_when=asyncio.FIRST_COMPLETED)

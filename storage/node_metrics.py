@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -33,7 +32,6 @@ from polymq.storage.replicated.stats import ReplicationStats
 
 __all__ = ["MetricsServer", "StorageCollector", "histogram_family", "serving_metrics"]
 
-log = logging.getLogger(__name__)
 
 LogSource = Callable[[], Iterable[tuple[str, LogStats]]]  # (shard, its log's figures)
 _REQUEST_TIMEOUT_S = 10.0
@@ -231,7 +229,6 @@ async def serving_metrics(
     server = MetricsServer(registry, host=host, port=port)
     await server.start()
     try:
-        log.info("storage node: metrics on http://%s:%d/metrics", *server.address)
         yield server
     finally:
         await server.close()

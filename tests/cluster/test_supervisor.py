@@ -97,14 +97,16 @@ class _Up:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
 
 
-@pytest.fixture
-async def up(tmp_path: Path) -> AsyncIterator[_Up]:
+@contextlib.asynccontextmanager
+async def _cluster_up(tmp_path: Path, *extra: str) -> AsyncIterator[_Up]:
+    """``cluster up`` with one storage node and one gateway (and ``extra`` flags), once
+    its status file shows its four processes running; SIGTERM at the end."""
     data_dir, log = tmp_path / "cluster", tmp_path / "up.log"
     with log.open("wb") as out:
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             *("-m", "polymq.gateway", "cluster", "up", "--storage", "1", "--gateways", "1"),
-            *("--port-offset", "0", "--data-dir", str(data_dir)),
+            *("--port-offset", "0", "--data-dir", str(data_dir), *extra),
             stdout=out,
             stderr=asyncio.subprocess.STDOUT,
             env=cluster_env(),
@@ -124,6 +126,12 @@ async def up(tmp_path: Path) -> AsyncIterator[_Up]:
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+@pytest.fixture
+async def up(tmp_path: Path) -> AsyncIterator[_Up]:
+    async with _cluster_up(tmp_path) as running:
+        yield running
 
 
 def _alive(pid: int) -> bool:
@@ -211,3 +219,14 @@ async def test_a_killed_child_is_restarted_and_serves_again(up: _Up) -> None:
     final = up.status()
     assert final["running"] is False
     assert {c["state"] for c in final["children"]} == {"stopped"}
+
+
+async def test_a_quiet_log_level_still_comes_up_and_serves(tmp_path: Path) -> None:
+    """``--log-level warning``: the supervisor learns each child's ports and readiness
+    from lines logged at any level, so the cluster comes up on free ports, serves,
+    and keeps the rest of the INFO lines quiet."""
+    async with _cluster_up(tmp_path, "--log-level", "warning") as up:
+        await _round_trip(f"http://{up.child('gateway-1')['addresses']['http']}", "quiet")
+        text = up.log.read_text()
+    assert "[gateway-1] " in text and " INFO polymq: ready (pid " in text, text[-3000:]
+    assert "storage node: data in" not in text, text[-3000:]  # an INFO line, quiet
