@@ -92,6 +92,10 @@ class Connection:
     # certificate's subject common name, if it sent one.
     tls: bool | None = None
     certificate: str | None = None
+    # Whether it finished its protocol's handshake and login (no handshake deadline
+    # then): a field rather than a set of ids beside the records, which weighed
+    # about 50 B of every idle connection.
+    established: bool = False
 
 
 # Protocols whose deliveries metering counts in another connection's task: MQTT
@@ -142,7 +146,6 @@ class ConnectionRegistry:
         self._close: dict[int, CloseCallback] = {}
         self._per_protocol: collections.Counter[str] = collections.Counter()
         self._per_address: collections.Counter[str] = collections.Counter()
-        self._established: set[int] = set()
         self._traffic: dict[int, Traffic] = {}
         metering.per_connection = self.count_traffic
 
@@ -253,11 +256,13 @@ class ConnectionRegistry:
     def established(self, connection_id: int) -> None:
         """The connection finished its protocol's handshake and login: the handshake
         deadline no longer applies (:meth:`identify` implies it)."""
-        if connection_id in self._open:
-            self._established.add(connection_id)
+        conn = self._open.get(connection_id)
+        if conn is not None and not conn.established:
+            self._open[connection_id] = replace(conn, established=True)
 
     def is_established(self, connection_id: int) -> bool:
-        return connection_id in self._established
+        conn = self._open.get(connection_id)
+        return conn is not None and conn.established
 
     def identify(
         self,
@@ -275,10 +280,13 @@ class ConnectionRegistry:
         if changed:
             self._admit_account(principal, old.protocol)
         new = replace(
-            old, principal=principal, namespace=namespace, client_id=client_id or old.client_id
+            old,
+            principal=principal,
+            namespace=namespace,
+            client_id=client_id or old.client_id,
+            established=True,
         )
         self._open[connection_id] = new
-        self._established.add(connection_id)
         if changed:
             if old.principal is not None:
                 _decrement(self._per_account, old.principal.name)
@@ -293,7 +301,6 @@ class ConnectionRegistry:
         """Forget a connection; a second call is harmless (close paths race)."""
         conn = self._open.pop(connection_id, None)
         self._close.pop(connection_id, None)
-        self._established.discard(connection_id)
         self._traffic.pop(connection_id, None)
         if conn is None:
             return

@@ -11,7 +11,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from polymq.protocols.mqtt.peers import EVENTS_TOPIC
@@ -100,12 +102,18 @@ class SessionOwner(Protocol):
         ...
 
 
+_NO_SUBSCRIPTIONS: Mapping[str, SubOptions] = MappingProxyType({})
+
+
 @dataclass(slots=True, kw_only=True)
 class Session:
     client_id: str
     expiry_s: int
     queue: QueueRef | None = None  # persistent sessions only
-    subscriptions: dict[str, SubOptions] = field(default_factory=dict)
+    # Filter -> options, read through :attr:`subscriptions`: made on the first
+    # subscribe (None until then), since a fleet of idle connections is mostly
+    # sessions that never subscribe (docs/mqtt.md, "Memory per connection").
+    _subscriptions: dict[str, SubOptions] | None = field(default=None, repr=False)
     owner: SessionOwner | None = None
     # QoS 2 in (v5 4.3.3): packet id -> the release epoch it arrived in, for PUBLISHes
     # answered with PUBREC whose PUBREL has not come yet. See :meth:`qos2_dedup_key`.
@@ -127,6 +135,27 @@ class Session:
     announced: bool = False
     fresh: dict[str, None] | None = None
     announced_at: dict[str, int] | None = None
+
+    @property
+    def subscriptions(self) -> Mapping[str, SubOptions]:
+        """Filter -> options (read-only: :meth:`set_subscription`,
+        :meth:`pop_subscription` and :meth:`clear_subscriptions` change it)."""
+        subscriptions = self._subscriptions
+        return _NO_SUBSCRIPTIONS if subscriptions is None else subscriptions
+
+    def set_subscription(self, topic_filter: str, options: SubOptions) -> None:
+        if self._subscriptions is None:
+            self._subscriptions = {}
+        self._subscriptions[topic_filter] = options
+
+    def pop_subscription(self, topic_filter: str) -> SubOptions | None:
+        """The filter's options, removed; ``None`` if it was not subscribed."""
+        if self._subscriptions is None:
+            return None
+        return self._subscriptions.pop(topic_filter, None)
+
+    def clear_subscriptions(self) -> None:
+        self._subscriptions = None
 
     @property
     def incarnation(self) -> str:

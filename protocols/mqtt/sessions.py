@@ -178,7 +178,7 @@ class Sessions:
             del self.core.sessions[session.client_id]
         for topic_filter in list(session.subscriptions):
             self.subscriptions.remove(session, topic_filter, drop_group=drop_groups)
-        session.subscriptions.clear()
+        session.clear_subscriptions()
 
     def record(self, session: Session, disconnected_ms: int | None) -> dict[str, Any]:
         peers = self.core.peers

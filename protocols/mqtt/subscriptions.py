@@ -34,7 +34,7 @@ class Subscriptions:
         persistent session keeps it once :meth:`save_subscriptions` ran."""
         new = topic_filter not in session.subscriptions
         if not new and split_shared(topic_filter) is not None:
-            session.subscriptions[topic_filter] = options  # stays a member: keep the queue
+            session.set_subscription(topic_filter, options)  # stays a member: keep the queue
             return False
         if not new:
             self.remove(session, topic_filter)
@@ -52,7 +52,7 @@ class Subscriptions:
         return True
 
     async def add(self, session: Session, topic_filter: str, options: SubOptions) -> None:
-        session.subscriptions[topic_filter] = options
+        session.set_subscription(topic_filter, options)
         shared = split_shared(topic_filter)
         if shared is None:
             self.core.index.add(topic_filter, session.client_id, (session, options))
@@ -67,7 +67,7 @@ class Subscriptions:
         exists: that gateway made it). Returns the filter to tail, and whether it is
         new here (its tail is to be counted)."""
         new = topic_filter not in session.subscriptions
-        session.subscriptions[topic_filter] = options
+        session.set_subscription(topic_filter, options)
         shared = split_shared(topic_filter)
         if shared is None:
             self.core.index.add(topic_filter, session.client_id, (session, options))
@@ -77,7 +77,7 @@ class Subscriptions:
         return shared[1], new
 
     def remove(self, session: Session, topic_filter: str, *, drop_group: bool = True) -> None:
-        if session.subscriptions.pop(topic_filter, None) is None:
+        if session.pop_subscription(topic_filter) is None:
             return
         if session.announced_at is not None:
             session.announced_at.pop(topic_filter, None)
