@@ -84,17 +84,20 @@ def free_port() -> int:
 
 
 def _listens(pid: int, port: int) -> bool:
+    """Whether the process, or one of its children (``polymq run --workers``: the
+    workers listen, the parent does not), listens on ``port``."""
     try:
-        conns = psutil.Process(pid).net_connections(kind="inet")
+        process = psutil.Process(pid)
+        conns = [c for p in (process, *process.children()) for c in p.net_connections("inet")]
     except psutil.Error:
         return False
     return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
-    """Until the process itself listens on ``port``: a connect alone could reach
-    another process that took the port meanwhile. Fails at once if the process exits
-    (a port taken, a bad flag) instead of waiting out the timeout."""
+    """Until the process itself (or a child of it) listens on ``port``: a connect
+    alone could reach another process that took the port meanwhile. Fails at once if
+    the process exits (a port taken, a bad flag) instead of waiting out the timeout."""
     deadline = time.monotonic() + timeout
     while True:
         code = proc.poll()

@@ -4,24 +4,33 @@ server's RSS before and after.
 
     .venv/bin/python -m bench.idle_connections                    # as many as the fds allow
     .venv/bin/python -m bench.idle_connections --connections 10000
+    .venv/bin/python -m bench.idle_connections --workers 6        # 100,000 over 6 workers
     .venv/bin/python -m bench.idle_connections --tracemalloc 25   # + where it went, top 25
     .venv/bin/python -m bench.idle_connections --waves 1          # all at once
 
 polymq is started the way ``bench/_server.py`` starts it (``polymq run`` with only the
-``mqtt`` listener, over a temporary data directory), wrapped in a few lines that
-install SIGUSR1: a ``gc.collect()`` (and, with ``--tracemalloc``, a tracemalloc
-snapshot written to a file), acknowledged by a file the bench waits for. So the
-figures are read after a collection in the server too, and the snapshot is the real
-server's (uvloop, as a user runs it), not a test double's.
+``mqtt`` listener, over a temporary data directory), with ``bench/_idle_gc`` first on
+its path, whose ``sitecustomize`` makes every server process answer SIGUSR1 with a
+``gc.collect()`` (and, with ``--tracemalloc``, a tracemalloc snapshot written to a
+file), acknowledged by a file the bench waits for. So the figures are read after a
+collection in the server too, and the snapshot is the real server's (uvloop, as a
+user runs it), not a test double's.
+
+A process holds one file descriptor per connection, and its hard limit cannot be
+raised without privileges this bench does not ask for (20,000 on the machines
+measured so far). So one process holds at most that many, and 100,000 connections
+need ``--workers`` (``polymq run --workers W``, docs/workers.md): W gateway processes
+sharing the port, among which the kernel spreads the connections, over one engine in
+the parent. The figures are then the sums over every server process (the parent and
+each worker), and the row says how many connections each worker held. N defaults to
+what the limit allows W processes, at most 100,000.
 
 The connections come from several client processes (each a raw asyncio client with
 thousands of sockets, a few hundred bytes each: paho per connection would weigh more
 than the server), from source addresses 127.0.0.2, .3, ... one per process, so the
-ephemeral ports of one address are no limit. The server's file descriptor limit is:
-its hard limit cannot be raised without privileges this bench does not ask for, so N
-defaults to that limit less a reserve for the server's own files. While they are all
-connected a paho client connects, subscribes and gets a message back, to show the
-server still serves.
+ephemeral ports of one address are no limit. While they are all connected a paho
+client connects, subscribes and gets a message back, to show the server still
+serves.
 
 The "after" figures are read once the connections were idle ``IDLE_S`` (12 s): the
 server parks a TCP connection that received nothing for a while (no task), and
@@ -41,8 +50,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import multiprocessing
+import os
 import resource
 import signal
 import sys
@@ -74,6 +85,8 @@ from bench._server import (
 # Descriptors the server keeps for itself (listening socket, data files, epoll,
 # logs, its storage's files) beyond the connections: the default N leaves them.
 SERVER_RESERVE_FDS = 300
+# The share of a worker's descriptors the default N counts on (see _most_connections).
+SPREAD_ROOM = 0.9
 # Most connections wanted even where the descriptors would allow more.
 MAX_CONNECTIONS = 100_000
 PER_CLIENT_PROCESS = 8_000
@@ -93,26 +106,9 @@ DEFAULT_WAVES = 10
 GC_TIMEOUT_S = 120.0  # a snapshot of a traced heap of 100k connections takes a while
 PAHO_TIMEOUT_S = 30.0
 
-# The server as ``polymq run``, with SIGUSR1 for a collection (and a tracemalloc
-# snapshot when tracing) acknowledged by a file: the bench's way to ask the server
-# process for a GC without any change to the server itself.
-_WRAPPER = """
-import gc, os, signal, sys, tracemalloc
-from pathlib import Path
-_out = Path(os.environ["IDLE_BENCH_DIR"])
-_count = 0
-def _collect(signum, frame):
-    global _count
-    _count += 1
-    gc.collect()
-    if tracemalloc.is_tracing():
-        tracemalloc.take_snapshot().dump(str(_out / f"snapshot-{_count}"))
-    (_out / f"done-{_count}").write_text("ok")
-signal.signal(signal.SIGUSR1, _collect)
-from polymq.gateway.cli import main
-sys.argv[0] = "polymq"
-sys.exit(main())
-"""
+# Put first on the server's path: its ``sitecustomize`` answers SIGUSR1 in every
+# server process (a collection, and a snapshot when tracing).
+_GC_HOOK = Path(__file__).parent / "_idle_gc"
 
 
 def _connect_packet(client_id: str) -> bytes:
@@ -217,31 +213,41 @@ def _raise_fd_limit() -> int:
 
 
 class _GcServer:
-    """The server process, asked for a GC (and snapshot) by SIGUSR1."""
+    """The server's processes (the parent, and with workers each worker), each asked
+    for a GC (and snapshot) by SIGUSR1."""
 
-    def __init__(self, server: Server, out: Path) -> None:
+    def __init__(self, server: Server, out: Path, workers: int) -> None:
         assert server.pid is not None
         self.server = server
-        self.process = psutil.Process(server.pid)
+        self.parent = psutil.Process(server.pid)
+        self.workers = self.parent.children() if workers > 1 else []
+        self.processes = [self.parent, *self.workers]
         self._out = out
-        self._count = 0
+        self._asked = dict.fromkeys((p.pid for p in self.processes), 0)
 
-    def collect(self) -> Path | None:
-        """A ``gc.collect()`` in the server, waited for; the snapshot file if tracing."""
-        self._count += 1
-        self.process.send_signal(signal.SIGUSR1)
-        done = self._out / f"done-{self._count}"
-        _wait(done.exists, GC_TIMEOUT_S, "the server's GC")
-        snapshot = self._out / f"snapshot-{self._count}"
-        return snapshot if snapshot.exists() else None
+    def collect(self) -> list[Path]:
+        """A ``gc.collect()`` in every server process, waited for; the snapshot files
+        if tracing."""
+        done = []
+        for process in self.processes:
+            self._asked[process.pid] += 1
+            process.send_signal(signal.SIGUSR1)
+            done.append(f"{process.pid}-{self._asked[process.pid]}")
+        for name in done:
+            _wait((self._out / f"done-{name}").exists, GC_TIMEOUT_S, "the server's GC")
+        snapshots = [self._out / f"snapshot-{name}" for name in done]
+        return [path for path in snapshots if path.exists()]
 
     def memory(self) -> tuple[int, int]:
-        """RSS and USS in bytes."""
-        info = self.process.memory_full_info()
-        return int(info.rss), int(info.uss)
+        """RSS and USS in bytes, summed over the server's processes."""
+        infos = [process.memory_full_info() for process in self.processes]
+        return sum(int(i.rss) for i in infos), sum(int(i.uss) for i in infos)
 
     def fds(self) -> int:
-        return int(self.process.num_fds())
+        return sum(self.fds_each())
+
+    def fds_each(self) -> list[int]:
+        return [int(process.num_fds()) for process in self.processes]
 
 
 def _wait(predicate: Any, timeout: float, what: str) -> None:
@@ -252,10 +258,22 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
+def _workers_listening(parent: psutil.Process, port: int, workers: int) -> bool:
+    """Whether ``workers`` children of ``parent`` each listen on ``port`` (the parent
+    logs its own "ready" only at INFO, which this bench's server does not log)."""
+    listening = 0
+    for child in parent.children():
+        with contextlib.suppress(psutil.Error):
+            sockets = child.net_connections(kind="tcp")
+            if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets):
+                listening += 1
+    return listening >= workers
+
+
 @contextlib.contextmanager
-def _server(connections: int, out: Path, trace_frames: int) -> Iterator[_GcServer]:
-    """polymq with only the mqtt listener, its connection limits raised to allow
-    ``connections``, started through the GC wrapper."""
+def _server(connections: int, out: Path, trace_frames: int, workers: int) -> Iterator[_GcServer]:
+    """polymq with only the mqtt listener (over ``workers`` gateway processes), its
+    connection limits raised to allow ``connections``, with the GC hook on its path."""
     room = str(connections + 1_000)
     settings = {
         "limits.max_connections": room,
@@ -264,17 +282,24 @@ def _server(connections: int, out: Path, trace_frames: int) -> Iterator[_GcServe
     }
     env = _polymq_env(["mqtt"], settings)
     env["IDLE_BENCH_DIR"] = str(out)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_GC_HOOK), env.get("PYTHONPATH")) if p)
     if trace_frames:
         env["PYTHONTRACEMALLOC"] = str(trace_frames)
     data_dir = out / "data"
     start_s = 120.0 if trace_frames else 30.0  # a traced start is several times slower
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
-        command = [sys.executable, "-c", _WRAPPER, "run", "--data-dir", str(data_dir)]
+        command = [sys.executable, "-m", "polymq.gateway", "run", "--data-dir", str(data_dir)]
         command += ["--log-level", "warning", "--mqtt-port", str(port)]
+        command += ["--workers", str(workers)]
         try:
             with process_server(command, port, env=env, start_timeout=start_s) as server:
-                yield _GcServer(server, out)
+                if workers > 1:
+                    listening = functools.partial(
+                        _workers_listening, psutil.Process(server.pid), port, workers
+                    )
+                    _wait(listening, start_s, "every worker to listen")
+                yield _GcServer(server, out, workers)
                 return
         except ServerExited as e:
             if e.code != CANNOT_START or attempt == PORT_ATTEMPTS:
@@ -342,11 +367,17 @@ def _close(processes: list[Any], pipes: list[Connection]) -> None:
         proc.join(30)
 
 
-def _top(before: Path, after: Path, connections: int, limit: int) -> tuple[float, list[str]]:
-    """Traced heap growth per connection, and the top sites of the growth."""
-    old = tracemalloc.Snapshot.load(str(before))
-    new = tracemalloc.Snapshot.load(str(after))
-    stats = new.compare_to(old, "lineno")
+def _top(
+    before: list[Path], after: list[Path], connections: int, limit: int
+) -> tuple[float, list[str]]:
+    """Traced heap growth per connection, and the top sites of the growth (summed
+    over the server's processes: snapshots in the same order before and after)."""
+    stats: list[tracemalloc.StatisticDiff] = []
+    for old_path, new_path in zip(before, after, strict=True):
+        old = tracemalloc.Snapshot.load(str(old_path))
+        new = tracemalloc.Snapshot.load(str(new_path))
+        stats += new.compare_to(old, "lineno")
+    stats.sort(key=lambda stat: abs(stat.size_diff), reverse=True)
     growth = sum(s.size_diff for s in stats)
     lines = []
     for stat in stats[:limit]:
@@ -356,6 +387,15 @@ def _top(before: Path, after: Path, connections: int, limit: int) -> tuple[float
             f" blocks/conn  {frame.filename}:{frame.lineno}"
         )
     return growth / connections, lines
+
+
+def _most_connections(hard: int, workers: int) -> int:
+    """The connections ``workers`` processes can hold with ``hard`` descriptors each:
+    the kernel spreads a shared port's connections by a hash, a few per cent unevenly,
+    so workers leave that much room."""
+    if workers == 1:
+        return min(MAX_CONNECTIONS, hard - SERVER_RESERVE_FDS)
+    return min(MAX_CONNECTIONS, int(workers * (hard - SERVER_RESERVE_FDS) * SPREAD_ROOM))
 
 
 def main() -> None:
@@ -371,6 +411,12 @@ def main() -> None:
         help=f"open the connections in this many waves, {WAVE_PAUSE_S:g} s apart",
     )
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="polymq run --workers W: W gateway processes share the connections",
+    )
+    parser.add_argument(
         "--tracemalloc",
         type=int,
         default=0,
@@ -379,13 +425,17 @@ def main() -> None:
     )
     args = parser.parse_args()
     hard = _raise_fd_limit()
-    most = min(MAX_CONNECTIONS, hard - SERVER_RESERVE_FDS)
+    workers = max(1, args.workers)
+    most = _most_connections(hard, workers)
     connections = args.connections or most
     if connections > most:
-        parser.error(f"at most {most} connections here (server fd hard limit {hard})")
+        parser.error(
+            f"at most {most} connections here with {workers} worker(s)"
+            f" (a process's fd hard limit is {hard}): add --workers"
+        )
     with (
         tempfile.TemporaryDirectory(prefix="polymq-idle-") as temp,
-        _server(connections, Path(temp), 1 if args.tracemalloc else 0) as server,
+        _server(connections, Path(temp), 1 if args.tracemalloc else 0, workers) as server,
     ):
         port = server.server.port
         # Warm up: the first connections load code and fill caches no later one costs.
@@ -394,6 +444,7 @@ def main() -> None:
         assert _paho_round_trip(port)
         base_fds = server.fds()
         _wait(lambda: server.fds() <= base_fds, SETTLE_TIMEOUT_S, "the warm-up to close")
+        base_each = server.fds_each()
         snap_before = server.collect()
         rss_before, uss_before = server.memory()
         procs, pipes, opened = _open(port, connections, args.per_process, max(1, args.waves))
@@ -402,6 +453,7 @@ def main() -> None:
             _wait(
                 lambda: server.fds() >= base_fds + n - 2, SETTLE_TIMEOUT_S, "the server's sockets"
             )
+            held_each = [n - b for n, b in zip(server.fds_each(), base_each, strict=True)]
             served = _paho_round_trip(port)
             time.sleep(IDLE_S)  # a measurement parameter: idle this long (see IDLE_S)
             snap_after = server.collect()
@@ -412,7 +464,7 @@ def main() -> None:
         server.collect()
         rss_closed, _ = server.memory()
         traced = None
-        if snap_before is not None and snap_after is not None:
+        if snap_before and snap_after:
             traced = _top(snap_before, snap_after, max(1, n), args.tracemalloc)
     row: dict[str, Any] = {
         "scenario": "idle mqtt connections",
@@ -420,6 +472,8 @@ def main() -> None:
         "waves": max(1, args.waves),
         **{k: v for k, v in opened.items() if k != "opened"},
         "fd_hard_limit": hard,
+        "workers": workers,
+        **({"connections_per_worker": held_each[1:]} if workers > 1 else {}),
         "paho_served_meanwhile": served,
         "server_rss_before_mib": round(rss_before / (1 << 20), 1),
         "server_rss_after_mib": round(rss_after / (1 << 20), 1),
