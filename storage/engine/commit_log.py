@@ -134,7 +134,7 @@ class CommitLog:
         # A log that replicates nothing flushes from a loop callback (_flush_now);
         # one that does needs a task (_flush_loop) to await each group's copy.
         self._inline = type(self)._replicate is CommitLog._replicate
-        self._flush_scheduled = False
+        self._flush_handle: asyncio.Handle | None = None  # _flush_now, when scheduled
         self._flusher_stopped = False
         self._wakeup = asyncio.Event()
         self._flusher: asyncio.Task[None] | None = None
@@ -372,6 +372,14 @@ class CommitLog:
         target = self._reserved_end if end is None else end
         if self._reported_end >= target:
             return
+        if self._flush_handle is not None:
+            # The group is written now rather than by the callback an iteration later:
+            # the caller (a transient publish waiting to confirm) goes on without a
+            # suspension, and the loop without the iteration that would resume it.
+            self._flush_handle.cancel()
+            self._flush_now()
+            if self._reported_end >= target:
+                return
         if self._failure is not None:
             raise self._failure
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -388,15 +396,14 @@ class CommitLog:
         """Have the flusher look at the pending records in this loop iteration."""
         if self._loop is None or not self._inline:
             self._wakeup.set()
-        elif not self._flush_scheduled:
-            self._flush_scheduled = True
-            self._loop.call_soon(self._flush_now)
+        elif self._flush_handle is None:
+            self._flush_handle = self._loop.call_soon(self._flush_now)
 
     def _flush_now(self) -> None:
         """The flusher of a log that replicates nothing: a callback scheduled once
         per loop iteration that has pending records (cheaper than waking a task for
         every group: no event future, no task step)."""
-        self._flush_scheduled = False
+        self._flush_handle = None
         if self._failure is not None or self._flusher_stopped:
             return
         while self._pending or (self._sync and self._sync_due):

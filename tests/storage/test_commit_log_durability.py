@@ -67,6 +67,23 @@ async def test_waiting_for_durability_fsyncs_written_records_at_once(tmp_path: P
         assert log.durable_end == log.end
 
 
+async def test_waiting_for_a_written_only_record_writes_it_without_yielding(
+    tmp_path: Path,
+) -> None:
+    """The waiter writes the group itself: no loop iteration between the reserve and
+    the record being readable (a transient publish confirms in the same step)."""
+    async with _log(tmp_path, flush_interval_ms=600_000) as log:
+        reported: list[int] = []
+        turns: list[int] = []
+        asyncio.get_running_loop().call_soon(turns.append, 1)  # runs at the next turn
+        log.reserve(b"transient", lambda: reported.append(1), durable=False)
+        await log.wait_reported()
+        assert reported == [1]
+        assert turns == []  # the loop never got a turn: nothing was awaited
+        await asyncio.sleep(0)  # the flusher's cancelled callback writes nothing twice
+        assert turns == [1] and reported == [1]
+
+
 async def test_a_durable_record_covers_the_written_ones_before_it(tmp_path: Path) -> None:
     async with _log(tmp_path, flush_interval_ms=600_000) as log:
         order: list[str] = []
