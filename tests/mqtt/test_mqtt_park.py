@@ -100,8 +100,21 @@ def test_a_parked_connection_that_ends_unasked_sends_its_will(
         raw.close()  # no DISCONNECT: the will goes out
     got = watcher.wait_messages(1, "the will")
     assert got[0].payload == b"gone"
-    wait_until(lambda: len(server.gateway.connections) == 1, what="the leaving one to end")
+    try:
+        wait_until(lambda: len(server.gateway.connections) == 1, what="the leaving one to end")
+    except AssertionError as e:  # once in a clean run: say which one stayed, and how
+        raise AssertionError(f"{e}: {_connections(server)}") from None
     watcher.disconnect()
+
+
+def _connections(server: LiveServer) -> str:
+    """Who is registered, and what the listener holds (a failure's context)."""
+    listener = _listener(server)
+    registered = [(c.id, c.client_id, c.peer) for c in server.gateway.connections.list()]
+    return (
+        f"registered {registered}; the listener serves {listener.open_connections},"
+        f" {listener.parked_connections} parked, {listener.detached_connections} detached"
+    )
 
 
 def test_a_parked_connection_is_closed_by_a_kick(
