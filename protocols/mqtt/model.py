@@ -149,10 +149,15 @@ class Session:
         self._subscriptions[topic_filter] = options
 
     def pop_subscription(self, topic_filter: str) -> SubOptions | None:
-        """The filter's options, removed; ``None`` if it was not subscribed."""
-        if self._subscriptions is None:
+        """The filter's options, removed (the dict too, once empty); ``None`` if it
+        was not subscribed."""
+        subscriptions = self._subscriptions
+        if subscriptions is None:
             return None
-        return self._subscriptions.pop(topic_filter, None)
+        options = subscriptions.pop(topic_filter, None)
+        if not subscriptions:
+            self._subscriptions = None
+        return options
 
     def clear_subscriptions(self) -> None:
         self._subscriptions = None

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from polymq.protocols.mqtt.model import Session, SubOptions
 from polymq.protocols.mqtt.options import MqttOptions
 from polymq.protocols.mqtt.tcp_listener import MqttTcpListener
 from tests.mqtt.helpers import mqtt_server, wait_until
@@ -100,3 +101,19 @@ def test_idle_connection_heap_stays_under_budget(tmp_path: Path) -> None:
     per_connection = (after - before) / CONNECTIONS
     print(f"{per_connection:.0f} bytes of heap per idle connection")
     assert per_connection < BUDGET_BYTES, per_connection
+
+
+def test_a_session_holds_a_subscriptions_dict_only_while_it_has_subscriptions() -> None:
+    """Most idle connections never subscribe: their sessions hold no dict (64 B)."""
+    session = Session(client_id="c", expiry_s=0)
+    assert session._subscriptions is None and dict(session.subscriptions) == {}
+    session.set_subscription("a/#", SubOptions(qos=1))
+    session.set_subscription("b", SubOptions(qos=0))
+    assert dict(session.subscriptions) == {"a/#": SubOptions(qos=1), "b": SubOptions(qos=0)}
+    assert session.pop_subscription("a/#") == SubOptions(qos=1)
+    assert session.pop_subscription("a/#") is None
+    assert session.pop_subscription("b") == SubOptions(qos=0)
+    assert session._subscriptions is None and dict(session.subscriptions) == {}
+    session.set_subscription("c", SubOptions(qos=2))
+    session.clear_subscriptions()
+    assert session._subscriptions is None and "c" not in session.subscriptions
