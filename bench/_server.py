@@ -83,15 +83,21 @@ def free_port() -> int:
         return port
 
 
-def _listens(pid: int, port: int) -> bool:
-    """Whether the process, or one of its children (``polymq run --workers``: the
-    workers listen, the parent does not), listens on ``port``."""
+def listening_processes(pid: int, port: int) -> int:
+    """How many of the process and its children (``polymq run --workers``: the
+    workers listen, the parent does not) listen on ``port``."""
     try:
         process = psutil.Process(pid)
-        conns = [c for p in (process, *process.children()) for c in p.net_connections("inet")]
+        family = [process, *process.children()]
     except psutil.Error:
-        return False
-    return any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns)
+        return 0
+    count = 0
+    for member in family:
+        with contextlib.suppress(psutil.Error):
+            conns = member.net_connections("inet")
+            if any(c.status == psutil.CONN_LISTEN and c.laddr.port == port for c in conns):
+                count += 1
+    return count
 
 
 def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float) -> None:
@@ -103,7 +109,7 @@ def _wait_listening(port: int, proc: subprocess.Popen[bytes], timeout: float) ->
         code = proc.poll()
         if code is not None:
             raise ServerExited(code, port)
-        if _listens(proc.pid, port):
+        if listening_processes(proc.pid, port):
             return
         if time.monotonic() > deadline:
             raise RuntimeError(f"the server did not listen on port {port} within {timeout:.0f} s")

@@ -79,6 +79,7 @@ from bench._server import (
     ServerExited,
     _polymq_env,
     free_port,
+    listening_processes,
     process_server,
 )
 
@@ -219,9 +220,8 @@ class _GcServer:
     def __init__(self, server: Server, out: Path, workers: int) -> None:
         assert server.pid is not None
         self.server = server
-        self.parent = psutil.Process(server.pid)
-        self.workers = self.parent.children() if workers > 1 else []
-        self.processes = [self.parent, *self.workers]
+        parent = psutil.Process(server.pid)
+        self.processes = [parent, *(parent.children() if workers > 1 else ())]
         self._out = out
         self._asked = dict.fromkeys((p.pid for p in self.processes), 0)
 
@@ -258,16 +258,8 @@ def _wait(predicate: Any, timeout: float, what: str) -> None:
         time.sleep(0.05)
 
 
-def _workers_listening(parent: psutil.Process, port: int, workers: int) -> bool:
-    """Whether ``workers`` children of ``parent`` each listen on ``port`` (the parent
-    logs its own "ready" only at INFO, which this bench's server does not log)."""
-    listening = 0
-    for child in parent.children():
-        with contextlib.suppress(psutil.Error):
-            sockets = child.net_connections(kind="tcp")
-            if any(s.status == psutil.CONN_LISTEN and s.laddr.port == port for s in sockets):
-                listening += 1
-    return listening >= workers
+def _all_listen(pid: int, port: int, workers: int) -> bool:
+    return listening_processes(pid, port) >= workers
 
 
 @contextlib.contextmanager
@@ -294,11 +286,10 @@ def _server(connections: int, out: Path, trace_frames: int, workers: int) -> Ite
         command += ["--workers", str(workers)]
         try:
             with process_server(command, port, env=env, start_timeout=start_s) as server:
-                if workers > 1:
-                    listening = functools.partial(
-                        _workers_listening, psutil.Process(server.pid), port, workers
-                    )
-                    _wait(listening, start_s, "every worker to listen")
+                if workers > 1:  # process_server waited for the first one only
+                    assert server.pid is not None
+                    every = functools.partial(_all_listen, server.pid, port, workers)
+                    _wait(every, start_s, "every worker to listen")
                 yield _GcServer(server, out, workers)
                 return
         except ServerExited as e:
@@ -453,7 +444,7 @@ def main() -> None:
             _wait(
                 lambda: server.fds() >= base_fds + n - 2, SETTLE_TIMEOUT_S, "the server's sockets"
             )
-            held_each = [n - b for n, b in zip(server.fds_each(), base_each, strict=True)]
+            held_each = [now - b for now, b in zip(server.fds_each(), base_each, strict=True)]
             served = _paho_round_trip(port)
             time.sleep(IDLE_S)  # a measurement parameter: idle this long (see IDLE_S)
             snap_after = server.collect()

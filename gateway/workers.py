@@ -236,10 +236,10 @@ async def _supervise(
         except RuntimeError as e:
             first_line = str(e).splitlines()[0]
             raise WorkerStartError(f"{first_line} (its log above says why)") from e
+        host = config.server.host
         for name, port in ports.items():
             if name in TLS_LISTENERS and not config.tls.cert_file:
                 continue
-            host = config.server.host
             announce(log, "listener %s: %s:%d (shared by the workers)", name, host, port)
         for name, child in children.children.items():
             own = child.addresses.get("kafka")
