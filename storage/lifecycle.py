@@ -20,11 +20,33 @@ from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-__all__ = ["Service", "TaskSet"]
+__all__ = ["Service", "TaskSet", "stop_task"]
 
 log = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
+
+# How long a cancelled task may run on before it is cancelled again (see stop_task).
+_CANCEL_AGAIN_S = 0.25
+
+
+async def stop_task(task: asyncio.Task[Any], *, again_after: float = _CANCEL_AGAIN_S) -> None:
+    """Cancel ``task`` and wait until it has ended, cancelling it again each
+    ``again_after`` seconds it runs on.
+
+    One ``cancel()`` does not always stop a loop on Python 3.11: ``asyncio.wait_for``,
+    with which nats-py awaits every request, returns the answer instead of raising
+    when the cancellation arrives together with it (python/cpython#86296, fixed in
+    3.12). A lease keeper cancelled that way renewed its lease for ever, and the
+    shard it was handing back stayed with nobody serving it. ``await task`` would wait
+    for such a task for ever; ``asyncio.wait`` does not pass the caller's own
+    cancellation on to it either. Only for tasks whose cancellation needs no awaited
+    clean-up: a second cancel interrupts one that is still running."""
+    while not task.done():
+        task.cancel()
+        await asyncio.wait((task,), timeout=again_after)
+    if not task.cancelled() and task.exception() is not None:
+        log.error("task %s failed while stopping", task.get_name(), exc_info=task.exception())
 
 
 class TaskSet:

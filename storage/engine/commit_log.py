@@ -55,6 +55,7 @@ from polymq.storage.engine.files import fsync_directory
 from polymq.storage.engine.fsync_thread import FsyncThread
 from polymq.storage.engine.stats import LogStats
 from polymq.storage.errors import StorageClosed, StorageError, StorageFailed, StorageUnavailable
+from polymq.storage.lifecycle import stop_task
 
 __all__ = ["HEADER_SIZE", "CommitLog"]
 
@@ -726,9 +727,7 @@ class CommitLog:
             self._sync_timer.cancel()
         for task in (self._flusher, self._syncer):
             if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_task(task)  # a replicating flusher may swallow one cancel
         if self._fsyncer is not None:
             self._fsyncer.stop()
         for segment in self._segments:

@@ -71,6 +71,7 @@ class ShardHost(Service):
         self.served: dict[str, _Served] = {}
         self._changed = asyncio.Event()
         self._foreign_after = 0.0
+        self._closing = False
         pool.stats.shards = len(self.shards)
 
     @property
@@ -103,6 +104,10 @@ class ShardHost(Service):
             await asyncio.sleep(0.25)
 
     async def close(self) -> None:
+        # The flag, not only the cancel, ends the loop: a placement step's NATS call
+        # may swallow the cancel (see lifecycle.stop_task), and the step, which may be
+        # handing a shard back, is not cut short again.
+        self._closing = True
         await super().close()
         for shard in list(self.served):
             await self._drop(shard, release=True)
@@ -110,7 +115,7 @@ class ShardHost(Service):
 
     async def _loop(self) -> None:
         interval = self.pool.config.lease_ms / 4000
-        while True:
+        while not self._closing:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(interval):
                     await self._changed.wait()
@@ -196,5 +201,11 @@ class ShardHost(Service):
         except TimeoutError:
             log.error("shard %s: closing took over %.0f s; giving it up", shard, _CLOSE_TIMEOUT_S)
             served.log.lose(TimeoutError("closing timed out"))
-        await served.held.keeper.stop(release=release)
+        except Exception as exc:
+            log.exception("shard %s: closing failed; giving it up", shard)
+            served.log.lose(exc)
+        finally:
+            # Whatever the close did: a lease still renewed here would keep the shard
+            # from every other node while nobody serves it.
+            await served.held.keeper.stop(release=release)
         log.info("shard %s: no longer served here", shard)

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Callable
 
 from polymq.storage.errors import ShardMoved
+from polymq.storage.lifecycle import stop_task
 from polymq.storage.replicated.leases import Lease, LeaseStore
 from polymq.storage.replicated.stats import ReplicationStats
 
@@ -73,9 +74,7 @@ class LeaseKeeper:
         """Stop renewing; ``release``: give the lease up now (a clean hand-over)
         rather than let it expire."""
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await stop_task(self._task)  # a renewal may swallow one cancel: see there
         if release and not self.lost:
             with contextlib.suppress(Exception):
                 await self.store.release(self.lease)

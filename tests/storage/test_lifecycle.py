@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 
 import pytest
 
-from polymq.storage.lifecycle import Service, TaskSet
+from polymq.storage.lifecycle import Service, TaskSet, stop_task
 
 
 async def test_close_cancels_and_awaits_every_task() -> None:
@@ -88,3 +89,69 @@ async def test_service_context_closes_its_tasks() -> None:
     async with _Flaky(fail=False) as service:
         assert len(service.tasks) == 1
     assert service.closed and len(service.tasks) == 0
+
+
+# -- stopping a task that lost its cancellation ------------------------------------
+
+
+@pytest.mark.skipif(sys.version_info >= (3, 12), reason="wait_for keeps cancellations since 3.12")
+async def test_wait_for_drops_a_cancellation_that_arrives_with_the_answer() -> None:
+    """Why ``stop_task`` exists (python/cpython#86296): one cancel, and the loop goes on."""
+    loop = asyncio.get_running_loop()
+    answer: asyncio.Future[int] = loop.create_future()
+    rounds = 0
+
+    async def renewing() -> None:
+        nonlocal rounds
+        await asyncio.wait_for(answer, 10)
+        rounds += 1
+        await asyncio.Event().wait()  # "the next renewal": only a second cancel ends it
+
+    task = loop.create_task(renewing())
+    await asyncio.sleep(0)  # the task waits in wait_for
+    answer.set_result(1)
+    task.cancel()  # in the same step as the answer
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert rounds == 1 and not task.done()
+    task.cancel()
+    await asyncio.wait((task,))
+
+
+async def test_stop_task_stops_a_task_that_swallowed_its_first_cancel() -> None:
+    loop = asyncio.get_running_loop()
+    answers: list[asyncio.Future[int]] = []
+    rounds = 0
+
+    async def renewing() -> None:
+        nonlocal rounds
+        while True:
+            answers.append(loop.create_future())
+            await asyncio.wait_for(answers[-1], 10)
+            rounds += 1
+            await asyncio.sleep(0.01)
+
+    task = loop.create_task(renewing())
+    await asyncio.sleep(0)
+    answers[-1].set_result(1)
+    task.cancel()  # the cancellation arrives with the answer: on 3.11, lost
+    async with asyncio.timeout(10) as guard:  # the old ``await task`` hangs here
+        await stop_task(task, again_after=0.05)
+    assert not guard.expired() and task.cancelled()
+
+
+async def test_stop_task_logs_a_task_that_failed_as_it_stopped(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async def failing_on_cancel() -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            raise ValueError("broke while stopping") from None
+
+    task = asyncio.get_running_loop().create_task(failing_on_cancel(), name="the-task")
+    await asyncio.sleep(0)
+    with caplog.at_level(logging.ERROR, logger="polymq.storage.lifecycle"):
+        await stop_task(task)
+    [record] = [r for r in caplog.records if "the-task" in r.getMessage()]
+    assert record.exc_info is not None and "broke while stopping" in str(record.exc_info[1])
