@@ -20,7 +20,7 @@ from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, Self, TypeVar
 
-__all__ = ["Service", "TaskSet", "stop_task"]
+__all__ = ["Service", "TaskSet", "end_if_cancelled", "stop_task"]
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +47,17 @@ async def stop_task(task: asyncio.Task[Any], *, again_after: float = _CANCEL_AGA
         await asyncio.wait((task,), timeout=again_after)
     if not task.cancelled() and task.exception() is not None:
         log.error("task %s failed while stopping", task.get_name(), exc_info=task.exception())
+
+
+def end_if_cancelled() -> None:
+    """Raise ``CancelledError`` in a task that was asked to stop but runs on, its
+    cancellation dropped on the way (see :func:`stop_task`). For the loops that own
+    no clean-up and await NATS in their body, at the top of each round: a request to
+    stop stays counted (``Task.cancelling()``) until someone withdraws it, which
+    ``asyncio.timeout`` does only for its own."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 class TaskSet:

@@ -24,6 +24,7 @@ from polymq.storage.engine.snapshot import (
     write_snapshot,
 )
 from polymq.storage.engine.state import QueueKey
+from polymq.storage.lifecycle import end_if_cancelled
 from polymq.storage.model import UNLIMITED
 
 __all__ = ["Maintenance", "apply_topic_retention"]
@@ -48,6 +49,7 @@ class Maintenance(EnginePart):
         since_retention = 0.0
         since_checkpoint = 0.0
         while True:
+            end_if_cancelled()  # a checkpoint's NATS call may drop the engine's cancel
             await asyncio.sleep(interval)
             since_retention += interval
             since_checkpoint += interval

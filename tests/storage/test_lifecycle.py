@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from polymq.storage.lifecycle import Service, TaskSet, stop_task
+from polymq.storage.lifecycle import Service, TaskSet, end_if_cancelled, stop_task
 
 
 async def test_close_cancels_and_awaits_every_task() -> None:
@@ -155,3 +155,25 @@ async def test_stop_task_logs_a_task_that_failed_as_it_stopped(
         await stop_task(task)
     [record] = [r for r in caplog.records if "the-task" in r.getMessage()]
     assert record.exc_info is not None and "broke while stopping" in str(record.exc_info[1])
+
+
+async def test_a_loop_that_checks_ends_although_its_cancel_was_dropped() -> None:
+    loop = asyncio.get_running_loop()
+    tasks = TaskSet("owner")
+    answers: list[asyncio.Future[int]] = []
+
+    async def checkpointing() -> None:
+        while True:
+            end_if_cancelled()
+            await asyncio.sleep(0.01)
+            answers.append(loop.create_future())
+            await asyncio.wait_for(answers[-1], 10)
+
+    task = tasks.spawn(checkpointing())
+    async with asyncio.timeout(10):
+        while not answers:
+            await asyncio.sleep(0.001)
+    answers[-1].set_result(1)
+    async with asyncio.timeout(10) as guard:  # without the check: the sleep is never cut
+        await tasks.close()  # cancels in the same step as the answer
+    assert not guard.expired() and task.cancelled()
