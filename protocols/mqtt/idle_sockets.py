@@ -16,6 +16,7 @@ None and idle connections keep their transports."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import select
 from typing import Protocol
 
@@ -55,7 +56,11 @@ class IdleSockets:
     def release(self, fd: int) -> None:
         """Stop watching ``fd`` (its owner takes it back, or closes it)."""
         if self._held.pop(fd, None) is not None:
-            self._epoll.unregister(fd)
+            # Closed behind our back (or closed and its number reused), the kernel has
+            # dropped it from the epoll already; raising here would leave the owner
+            # detached for good, and in _ready the other sockets woken with it.
+            with contextlib.suppress(OSError):
+                self._epoll.unregister(fd)
 
     def _ready(self) -> None:
         for fd, _ in self._epoll.poll(0, _MAX_EVENTS):

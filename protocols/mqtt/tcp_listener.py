@@ -173,8 +173,11 @@ class MqttTcpListener(ListenerBase):
                     served.detach(self._idle)
                 return
             # Cancelled before it ran (so it could not end the connection): run it
-            # again, to end.
+            # again, to end. The kick's wake does not start it when the wake that
+            # made this task was the transport's (it is used up): start it here.
             connection.kick()
+            if served.task is task:
+                self.resume(served)
             return
         self._context.connections.unregister(served.conn_id)
         self._services.deadlines.discard(served)

@@ -135,6 +135,30 @@ def test_a_parked_connection_is_closed_by_a_kick(
     assert len(registry) == 0
 
 
+def test_a_woken_connection_cancelled_before_its_task_ran_still_ends(
+    server: LiveServer,
+) -> None:
+    """A server stop or a kick may cancel the task that a wake has just created, before
+    its first step: run() never ran, so the listener starts it again to end. The
+    transport's wake had already been used up, so asking it again did nothing and the
+    connection stayed parked with no task (decision 15 of issue 21's note)."""
+    raw = RawClient(server.port("mqtt"))
+    raw.connect("woken", keep_alive=600)
+    listener = _listener(server)
+    wait_until(lambda: listener.parked_connections == 1, what="1 parked")
+    registry = server.gateway.connections
+
+    async def wake_and_cancel() -> None:
+        (served,) = listener._served
+        served.unpark()  # as bytes arriving do: a new task for run()
+        assert served.task is not None
+        served.task.cancel()  # in the same step: it never runs
+
+    server.call(wake_and_cancel)
+    assert raw.closed() is not None  # ended: the server closed the socket
+    wait_until(lambda: len(registry) == 0, what="the connection unregistered")
+
+
 def test_a_parked_subscriber_gets_a_burst_in_order(
     server: LiveServer, idle: Callable[[int], None]
 ) -> None:
